@@ -1,0 +1,186 @@
+"""Stage 1, parse: TOML text -> `Spec`, a syntax tree with no knowledge of any model.
+
+Grammar (documented for users in docs/spec-format.md):
+
+    [spaces]   name = { group = "perm" | "signed_perm" | "orthogonal" | "identity",
+                        size = 64 (optional), per = "owner" (optional) }
+    [params]   "pattern" = [axis, axis, ...]
+               axis    = segment | [segment, segment, ...]    (a list is a fused axis)
+               segment = "_" | "space" | "(space space ...)"  (a product, row-major)
+
+Names may hold `{x}` captures; a parameter pattern binds them and the spaces it names reuse them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+
+from .errors import SpecError
+
+GROUPS = ("identity", "perm", "signed_perm", "orthogonal")
+FREE = "_"
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\{[A-Za-z_][A-Za-z0-9_]*\}[A-Za-z0-9_]*)*|\{[A-Za-z_][A-Za-z0-9_]*\}[A-Za-z0-9_{}]*"
+_NAME_RE = re.compile(rf"^(?:{_NAME})$")
+_SPACE_KEYS = {"group", "size", "per"}
+_TOP_KEYS = {"name", "description", "spaces", "params"}
+
+
+@dataclass(frozen=True)
+class SpaceDecl:
+    """One `[spaces]` entry; `name` may be a family such as `h{i}`."""
+
+    name: str
+    group: str
+    size: int | None
+    per: str | None
+
+
+# A segment is a product of atoms ("_" or a space name); an axis is a tuple of fused segments.
+Segment = tuple[str, ...]
+AxisExpr = tuple[Segment, ...]
+
+
+@dataclass(frozen=True)
+class ParamRule:
+    """One `[params]` entry: a name pattern and the space expression of each axis."""
+
+    pattern: str
+    axes: tuple[AxisExpr, ...]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A parsed spec file. `source` is the file path (or "<string>") used in every error message."""
+
+    name: str
+    spaces: tuple[SpaceDecl, ...]
+    params: tuple[ParamRule, ...]
+    source: str = "<string>"
+
+    def canonical(self) -> str:
+        """A text that is equal for equal specs whatever their formatting: the cache key's input."""
+        spaces = ";".join(f"{s.name}={s.group},{s.size},{s.per}" for s in self.spaces)
+        params = ";".join(f"{r.pattern}={r.axes!r}" for r in self.params)
+        return f"spaces[{spaces}]params[{params}]"
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and parse a spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read the spec file ({exc.strerror})", file=str(path),
+                        hint="check the path; bundled specs live in specs/") from exc
+    return parse_spec(text, source=str(path))
+
+
+def parse_spec(text: str, source: str = "<string>") -> Spec:
+    """Parse TOML spec text. Raises `SpecError` naming `source` and the offending key."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"TOML syntax error: {exc}", file=source,
+                        hint="fix the TOML at the line and column given") from exc
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise SpecError(f"unknown top-level key(s) {unknown}", file=source, key=unknown[0],
+                        hint=f"allowed top-level keys are {sorted(_TOP_KEYS)}")
+    name = data.get("name", Path(source).stem if source != "<string>" else "spec")
+    if not isinstance(name, str):
+        raise SpecError("`name` must be a string", file=source, key="name", hint='name = "my model"')
+    spaces = _parse_spaces(data.get("spaces", {}), source)
+    if "params" not in data or not data["params"]:
+        raise SpecError("the spec has no [params] table", file=source, key="params",
+                        hint='add e.g. [params]\n  "fc1.weight" = ["h", "_"]')
+    params = _parse_params(data["params"], source)
+    return Spec(name=name, spaces=spaces, params=params, source=source)
+
+
+def _parse_spaces(table: object, source: str) -> tuple[SpaceDecl, ...]:
+    if not isinstance(table, dict):
+        raise SpecError("[spaces] must be a table", file=source, key="spaces",
+                        hint='write [spaces] then lines like h = { group = "perm" }')
+    out = []
+    for name, entry in table.items():
+        key = f"spaces.{name}"
+        if not _NAME_RE.match(name) or name == FREE:
+            raise SpecError(f"{name!r} is not a valid space name", file=source, key=key,
+                            hint="use letters, digits and _, optionally with {x} captures, e.g. h{i}")
+        if isinstance(entry, str):  # shorthand: h = "perm"
+            entry = {"group": entry}
+        if not isinstance(entry, dict):
+            raise SpecError("a space must be a table or a group name", file=source, key=key,
+                            hint=f'{name} = {{ group = "perm" }}')
+        extra = sorted(set(entry) - _SPACE_KEYS)
+        if extra:
+            raise SpecError(f"unknown field(s) {extra}", file=source, key=key,
+                            hint=f"a space takes only {sorted(_SPACE_KEYS)}")
+        group = entry.get("group")
+        if group not in GROUPS:
+            raise SpecError(f"unknown group {group!r}", file=source, key=f"{key}.group",
+                            hint=f"use one of {list(GROUPS)}")
+        size = entry.get("size")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise SpecError(f"size must be a positive integer, got {size!r}", file=source,
+                            key=f"{key}.size", hint="give the size as an integer, or leave it out "
+                            "to infer it from the parameter shapes")
+        per = entry.get("per")
+        if per is not None and (not isinstance(per, str) or not _NAME_RE.match(per)):
+            raise SpecError(f"per must name another space, got {per!r}", file=source,
+                            key=f"{key}.per", hint='per = "head"')
+        out.append(SpaceDecl(name=name, group=group, size=size, per=per))
+    return tuple(out)
+
+
+def _parse_params(table: object, source: str) -> tuple[ParamRule, ...]:
+    if not isinstance(table, dict):
+        raise SpecError("[params] must be a table", file=source, key="params",
+                        hint='"fc1.weight" = ["h", "_"]')
+    rules = []
+    for pattern, axes in table.items():
+        key = f"params.{pattern!r}"
+        if not isinstance(axes, list) or not axes:
+            raise SpecError("a parameter entry must be a non-empty list with one entry per axis",
+                            file=source, key=key, param=pattern,
+                            hint='e.g. ["h", "_"] for a weight whose rows carry space h')
+        parsed = []
+        for i, axis in enumerate(axes):
+            segments = axis if isinstance(axis, list) else [axis]
+            if not segments:
+                raise SpecError("a fused axis needs at least one segment", file=source, key=key,
+                                param=pattern, axis=i, hint='["(head dqk)", "(head dqk)"]')
+            parsed.append(tuple(_parse_segment(s, source, key, pattern, i) for s in segments))
+        rules.append(ParamRule(pattern=pattern, axes=tuple(parsed)))
+    return tuple(rules)
+
+
+def _parse_segment(text: object, source: str, key: str, pattern: str, axis: int) -> Segment:
+    if not isinstance(text, str):
+        raise SpecError(f"an axis entry must be a string, got {text!r}", file=source, key=key,
+                        param=pattern, axis=axis, hint='use "_", "space" or "(space1 space2)"')
+    body = text.strip()
+    if body.startswith("("):
+        if not body.endswith(")"):
+            raise SpecError(f"unbalanced parentheses in {text!r}", file=source, key=key,
+                            param=pattern, axis=axis, hint='write products as "(head dqk)"')
+        atoms = tuple(body[1:-1].split())
+        if not atoms:
+            raise SpecError("an empty product '()'", file=source, key=key, param=pattern, axis=axis,
+                            hint='list the spaces inside, e.g. "(head dqk)"')
+    else:
+        atoms = (body,)
+    for atom in atoms:
+        if atom == FREE:
+            if len(atoms) > 1:
+                raise SpecError(f"'_' inside a product {text!r}", file=source, key=key,
+                                param=pattern, axis=axis,
+                                hint="declare an identity space for that factor instead of '_'")
+        elif not _NAME_RE.match(atom):
+            raise SpecError(f"{atom!r} is not a space name", file=source, key=key, param=pattern,
+                            axis=axis, hint='use "_", "space" or "(space1 space2)"')
+    return atoms

@@ -1,0 +1,131 @@
+"""Stage 3, structure: `BoundSpec` -> `Structure`, the isotypic decomposition of MATH.md §4 (tier 1).
+
+Every space splits R^n into irreducible pieces: `perm` into trivial (J/n) and standard (I - J/n),
+`signed_perm` and `orthogonal` stay whole ("nat"), `identity` is multiplicity. A *component* of a
+block picks one piece per group axis; its *label* is the set of non-trivial pieces (a trivial piece
+counts as the space's absence, which is how W2's column means couple with parameters that never see
+the space). All components of one label stack into Y_lambda (multiplicity x width) and
+
+    S_g on lambda = (Y Y^T / d_lambda) (x) I,   d_lambda = prod (n - 1 for std, n for nat).
+
+sympy keeps d_lambda and the trivial-piece normalisers as expressions in the space sizes, so the
+structure is written once for all widths and only evaluated at the bound sizes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass
+
+import sympy
+
+from .validate import BoundSpec
+
+TRIV, STD, NAT = "triv", "std", "nat"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One component of one block: how to turn the block into rows of Y_lambda and back.
+
+    `pieces[k]` is the piece chosen for atom k (None for multiplicity atoms); after contracting the
+    trivial atoms, the remaining atoms are permuted by `order` into (batch, multiplicity, columns).
+    """
+
+    param: str
+    block: int
+    pieces: tuple[str | None, ...]
+    order: tuple[int, ...]
+    batch_shape: tuple[int, ...]
+    mult_shape: tuple[int, ...]
+    col_shape: tuple[int, ...]
+    row_offset: int
+    rows: int
+    triv_norm: sympy.Expr  # 1/sqrt(prod n) over the contracted trivial pieces
+
+
+@dataclass(frozen=True)
+class IsotypicBlock:
+    """One label lambda: Y_lambda has shape (batch, mult, width) and S = (Y Y^T / dim) (x) I."""
+
+    id: str
+    label: tuple[tuple[str, str], ...]
+    batch_spaces: tuple[str, ...]
+    batch: int
+    mult: int
+    cols: tuple[str, ...]
+    width: int
+    dim_expr: sympy.Expr
+    dim: int
+    components: tuple[Component, ...]
+
+    @property
+    def name(self) -> str:
+        if not self.label:
+            return "trivial"
+        text = " x ".join(f"{piece}({space})" for space, piece in self.label)
+        return text + (f" per {'x'.join(self.batch_spaces)}" if self.batch_spaces else "")
+
+
+@dataclass(frozen=True)
+class Structure:
+    bound: BoundSpec
+    blocks: tuple[IsotypicBlock, ...]
+    symbols: dict[str, sympy.Symbol]
+
+
+def size_symbol(space: str) -> sympy.Symbol:
+    return sympy.Symbol("n_" + re.sub(r"\W", "_", space), positive=True, integer=True)
+
+
+def derive_structure(bound: BoundSpec) -> Structure:
+    """Enumerate components, group them by label, and attach the symbolic dimensions."""
+    spaces = bound.spaces
+    rank = {s: i for i, s in enumerate(spaces)}
+    symbols = {s: size_symbol(s) for s in spaces}
+    values = {symbols[s]: spaces[s].size for s in spaces}
+    groups: dict[tuple, list] = {}
+    for param in bound.params:
+        for block in param.blocks:
+            atoms = block.atoms
+            choices = []
+            for atom in atoms:
+                group = spaces[atom.space].group if atom.space else "identity"
+                choices.append({"perm": (STD, TRIV), "signed_perm": (NAT,), "orthogonal": (NAT,),
+                                "identity": (None,)}[group])
+            for pieces in itertools.product(*choices):
+                label = tuple(sorted(((atoms[k].space, p) for k, p in enumerate(pieces) if p in (STD, NAT)),
+                                     key=lambda sp: rank[sp[0]]))
+                batch_spaces = tuple(sorted({spaces[s].per for s, _ in label if spaces[s].per},
+                                            key=rank.__getitem__))
+                groups.setdefault((label, batch_spaces), []).append((param.name, block, pieces))
+
+    blocks = []
+    for i, ((label, batch_spaces), members) in enumerate(groups.items()):
+        cols = tuple(s for s, _ in label)
+        dim_expr = sympy.Mul(*[symbols[s] - 1 if p == STD else symbols[s] for s, p in label])
+        comps, offset = [], 0
+        for pname, block, pieces in members:
+            atoms = block.atoms
+            kept = [k for k, p in enumerate(pieces) if p != TRIV]
+            batch_pos = [next(k for k in kept if atoms[k].space == b) for b in batch_spaces]
+            col_pos = [next(k for k in kept if atoms[k].space == s) for s in cols]
+            mult_pos = [k for k in kept if k not in batch_pos and k not in col_pos]
+            order = tuple(kept.index(k) for k in batch_pos + mult_pos + col_pos)
+            triv = [symbols[atoms[k].space] for k, p in enumerate(pieces) if p == TRIV]
+            rows = math.prod(atoms[k].size for k in mult_pos)
+            comps.append(Component(
+                param=pname, block=block.index, pieces=pieces, order=order,
+                batch_shape=tuple(atoms[k].size for k in batch_pos),
+                mult_shape=tuple(atoms[k].size for k in mult_pos),
+                col_shape=tuple(atoms[k].size for k in col_pos),
+                row_offset=offset, rows=rows, triv_norm=1 / sympy.sqrt(sympy.Mul(*triv))))
+            offset += rows
+        batch = math.prod(spaces[b].size for b in batch_spaces)
+        blocks.append(IsotypicBlock(
+            id=f"L{i}", label=label, batch_spaces=batch_spaces, batch=batch, mult=offset, cols=cols,
+            width=math.prod(spaces[s].size for s in cols), dim_expr=dim_expr,
+            dim=int(dim_expr.subs(values)), components=tuple(comps)))
+    return Structure(bound=bound, blocks=tuple(blocks), symbols=symbols)

@@ -1,0 +1,311 @@
+"""Stage 2, validate: `Spec` + parameter shapes -> `BoundSpec`.
+
+Matches parameter patterns against the model's names, instantiates space families, infers the sizes
+of spaces and free segments from the shapes, and cuts every parameter into *blocks*: one block per
+choice of segment on each fused axis, each block a sub-tensor whose axes are atoms (one space or one
+free axis each). A networkx multigraph holds the incidence of spaces and blocks; it decides what
+couples with what and catches repeated spaces (tier 2, not compiled yet).
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+
+from .errors import SpecError
+from .parse import FREE, SpaceDecl, Spec
+
+_CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class BoundSpace:
+    """A concrete space with its size; `per` names the owner space for a family of groups."""
+
+    name: str
+    group: str
+    size: int
+    per: str | None
+    decl: str  # the [spaces] key it came from, for messages
+
+
+@dataclass(frozen=True)
+class Atom:
+    """One axis of a block: a space, or a free axis (space None)."""
+
+    space: str | None
+    size: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """A sub-tensor of a parameter: `slices[a]` = (start, length) on parameter axis a; `axes[a]` the
+    atoms that axis splits into (row-major)."""
+
+    param: str
+    index: int
+    slices: tuple[tuple[int, int], ...]
+    axes: tuple[tuple[Atom, ...], ...]
+
+    @property
+    def atoms(self) -> tuple[Atom, ...]:
+        return tuple(a for axis in self.axes for a in axis)
+
+
+@dataclass(frozen=True)
+class BoundParam:
+    name: str
+    shape: tuple[int, ...]
+    rule: str
+    blocks: tuple[Block, ...]
+    fused_axes: tuple[int, ...]  # axes split into several segments
+
+
+@dataclass(frozen=True)
+class BoundSpec:
+    """A spec bound to concrete parameter shapes: everything later stages need, no TOML left."""
+
+    name: str
+    source: str
+    spaces: Mapping[str, BoundSpace]  # in declaration order, families expanded
+    params: tuple[BoundParam, ...]  # covered parameters, in the model's order
+    uncovered: tuple[tuple[str, tuple[int, ...]], ...]
+    graph: nx.MultiGraph  # nodes ("space", s) and ("block", param, i); one edge per occurrence
+
+    def key_material(self) -> str:
+        spaces = ";".join(f"{s.name}:{s.group}:{s.size}:{s.per}" for s in self.spaces.values())
+        params = ";".join(f"{p.name}{p.shape}{[b.axes for b in p.blocks]}" for p in self.params)
+        return f"{spaces}|{params}"
+
+
+def shapes_of(model_or_shapes: object) -> dict[str, tuple[int, ...]]:
+    """Accept {name: shape} or an nn.Module (its named_parameters, in order)."""
+    named = getattr(model_or_shapes, "named_parameters", None)
+    if callable(named):
+        return {n: tuple(p.shape) for n, p in named()}
+    if isinstance(model_or_shapes, Mapping):
+        return {str(n): tuple(getattr(s, "shape", s)) for n, s in model_or_shapes.items()}
+    raise TypeError("shapes must be a dict {name: shape} or an nn.Module")
+
+
+def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> BoundSpec:
+    """Bind `spec` to parameter `shapes`; raise `SpecError` on any inconsistency."""
+    rules = [(r, _pattern_regex(r.pattern, spec.source)) for r in spec.params]
+    matched: dict[str, tuple] = {}
+    hits = {r.pattern: 0 for r in spec.params}
+    for name in shapes:
+        found = [(r, m) for r, rx in rules if (m := rx.fullmatch(name))]
+        if len(found) > 1:
+            keys = [f"params.{r.pattern!r}" for r, _ in found]
+            raise SpecError(f"parameter matches several rules: {keys}", file=spec.source, key=keys[0],
+                            param=name, hint="make the patterns disjoint so each parameter has one rule")
+        if found:
+            r, m = found[0]
+            hits[r.pattern] += 1
+            matched[name] = (r, m.groupdict())
+    for pattern, n in hits.items():
+        if n == 0:
+            close = difflib.get_close_matches(pattern.replace("{", "").replace("}", ""), list(shapes), 3, 0.3)
+            raise SpecError("pattern matches no parameter of the model", file=spec.source,
+                            key=f"params.{pattern!r}",
+                            hint=f"check the name; parameters that look similar: {close}" if close
+                            else "check the name against model.named_parameters()")
+
+    decls = {d.name: d for d in spec.spaces}
+    families = [(d, _pattern_regex(d.name, spec.source)) for d in spec.spaces if "{" in d.name]
+    resolved: dict[str, tuple[SpaceDecl, dict]] = {}
+
+    def resolve(space: str, key: str, param: str, axis: int) -> None:
+        if space in resolved:
+            return
+        if space in decls:
+            resolved[space] = (decls[space], {})
+        else:
+            for d, rx in families:
+                if m := rx.fullmatch(space):
+                    resolved[space] = (d, m.groupdict())
+                    break
+            else:
+                raise SpecError(f"space {space!r} is not declared", file=spec.source, key=key,
+                                param=param, axis=axis,
+                                hint=f"declare it under [spaces] (declared: {sorted(decls)})")
+        d, caps = resolved[space]
+        if d.per is not None:
+            owner = _substitute(d.per, caps, spec.source, f"spaces.{d.name}.per", param, axis)
+            resolve(owner, f"spaces.{d.name}.per", param, axis)
+
+    # Instantiate each covered parameter's axes: concrete space names per segment.
+    concrete: dict[str, list[list[tuple[str, ...]]]] = {}
+    for name, (rule, caps) in matched.items():
+        key = f"params.{rule.pattern!r}"
+        if len(rule.axes) != len(shapes[name]):
+            raise SpecError(f"the rule lists {len(rule.axes)} axes but the tensor has shape "
+                            f"{tuple(shapes[name])} ({len(shapes[name])} axes)", file=spec.source,
+                            key=key, param=name, hint="give exactly one entry per tensor axis")
+        axes = []
+        for a, segs in enumerate(rule.axes):
+            out = []
+            for seg in segs:
+                atoms = tuple(_substitute(x, caps, spec.source, key, name, a) for x in seg)
+                for x in atoms:
+                    if x != FREE:
+                        resolve(x, key, name, a)
+                out.append(atoms)
+            axes.append(out)
+        concrete[name] = axes
+
+    sizes = _infer_sizes(spec, resolved, matched, concrete, shapes)
+    spaces: dict[str, BoundSpace] = {}
+    for s in sorted(resolved, key=lambda s: _decl_order(spec, resolved[s][0], s)):
+        d, caps = resolved[s]
+        per = _substitute(d.per, caps, spec.source, "", None, None) if d.per else None
+        if per is not None and resolved[per][0].group != "identity":
+            raise SpecError(f"space {s!r} is declared per {per!r}, whose group is "
+                            f"{resolved[per][0].group!r}; only an identity owner is supported",
+                            file=spec.source, key=f"spaces.{d.name}.per",
+                            hint=f"declare {per!r} with group = \"identity\"")
+        if per is not None and resolved[per][0].per is not None:
+            raise SpecError(f"owner {per!r} of {s!r} is itself declared per another space",
+                            file=spec.source, key=f"spaces.{d.name}.per",
+                            hint="nest at most one level of per")
+        spaces[s] = BoundSpace(name=s, group=d.group, size=sizes[s], per=per, decl=d.name)
+
+    params, graph = [], nx.MultiGraph()
+    graph.add_nodes_from(("space", s) for s in spaces)
+    for name, axes in concrete.items():
+        rule = matched[name][0]
+        p = _cut_blocks(name, shapes[name], axes, sizes, f"params.{rule.pattern!r}", spec.source)
+        for b in p.blocks:
+            node = ("block", name, b.index)
+            graph.add_node(node)
+            seen: set[str] = set()
+            for atom in b.atoms:
+                if atom.space is None:
+                    continue
+                graph.add_edge(node, ("space", atom.space))
+                if atom.space in seen:
+                    raise SpecError(f"space {atom.space!r} occurs more than once in one block of the "
+                                    "parameter (a repeated space, e.g. an RNN's W_hh acted on as P W P^T)",
+                                    file=spec.source, key=f"params.{rule.pattern!r}", param=name,
+                                    hint="repeated spaces (tier 2) are not compiled yet; use a different "
+                                    "space for the second occurrence (a relaxed group) meanwhile")
+                seen.add(atom.space)
+            for atom in b.atoms:
+                owner = spaces[atom.space].per if atom.space else None
+                if owner is not None and owner not in seen:
+                    raise SpecError(f"space {atom.space!r} is declared per {owner!r}, but this block "
+                                    f"has no {owner!r} axis to say which group element acts",
+                                    file=spec.source, key=f"params.{rule.pattern!r}", param=name,
+                                    hint=f"write the axis as a product, e.g. \"({owner} {atom.space})\"")
+        params.append(p)
+    uncovered = tuple((n, tuple(s)) for n, s in shapes.items() if n not in matched)
+    order = list(shapes)
+    params.sort(key=lambda p: order.index(p.name))
+    return BoundSpec(name=spec.name, source=spec.source, spaces=spaces, params=tuple(params),
+                     uncovered=uncovered, graph=graph)
+
+
+def _decl_order(spec: Spec, decl: SpaceDecl, name: str) -> tuple:
+    i = [d.name for d in spec.spaces].index(decl.name)
+    # families: order instances numerically where the captures are numbers (h2 before h10)
+    return (i, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
+
+
+def _pattern_regex(pattern: str, source: str) -> re.Pattern:
+    out, seen, pos = [], set(), 0
+    for m in _CAPTURE.finditer(pattern):
+        out.append(re.escape(pattern[pos:m.start()]))
+        name = m.group(1)
+        out.append(f"(?P={name})" if name in seen else f"(?P<{name}>[^.]+?)")
+        seen.add(name)
+        pos = m.end()
+    out.append(re.escape(pattern[pos:]))
+    text = "".join(out).replace(r"\*", "[^.]*")
+    return re.compile(text)
+
+
+def _substitute(name: str, caps: dict, source: str, key: str, param: str | None, axis: int | None) -> str:
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in caps:
+            raise SpecError(f"{{{m.group(1)}}} in {name!r} is not captured by the pattern",
+                            file=source, key=key, param=param, axis=axis,
+                            hint=f"capture it in the parameter pattern, e.g. \"layers.{{{m.group(1)}}}.weight\"")
+        return caps[m.group(1)]
+
+    return _CAPTURE.sub(sub, name)
+
+
+def _infer_sizes(spec, resolved, matched, concrete, shapes) -> dict[str, int]:
+    """Solve sum_seg prod_atoms size = axis length for unknown space and free-segment sizes."""
+    sizes: dict[str, int] = {s: d.size for s, (d, _) in resolved.items() if d.size is not None}
+    # an equation: (param, axis, [[atom keys]], length); free segments get a private key
+    eqs = []
+    for name, axes in concrete.items():
+        for a, segs in enumerate(axes):
+            terms = [[f"_:{name}:{a}:{j}" if x == FREE else x for x in seg] for j, seg in enumerate(segs)]
+            eqs.append((name, a, terms, shapes[name][a]))
+    changed = True
+    while changed:
+        changed = False
+        for name, a, terms, length in eqs:
+            unknown = {x for t in terms for x in t if x not in sizes}
+            if len(unknown) != 1:
+                continue
+            (u,) = unknown
+            if sum(t.count(u) for t in terms) != 1:
+                continue
+            known = sum(math.prod(sizes[x] for x in t) for t in terms if u not in t)
+            (t,) = [t for t in terms if u in t]
+            coeff = math.prod(sizes[x] for x in t if x != u)
+            rest = length - known
+            if rest <= 0 or rest % coeff:
+                raise SpecError(f"cannot split axis of length {length}: the other factors give "
+                                f"{known} + {coeff} * size({u.split(':')[0]}), which has no positive "
+                                "integer solution", file=spec.source,
+                                key=f"params.{matched[name][0].pattern!r}", param=name, axis=a,
+                                hint="check the segments and the declared sizes")
+            sizes[u] = rest // coeff
+            changed = True
+    for name, a, terms, length in eqs:
+        key = f"params.{matched[name][0].pattern!r}"
+        missing = sorted({x for t in terms for x in t if x not in sizes})
+        if missing:
+            what = [m if not m.startswith("_:") else "a free segment" for m in missing]
+            raise SpecError(f"cannot infer the size of {what} from axis length {length}", file=spec.source,
+                            key=key, param=name, axis=a,
+                            hint="declare size = ... for the space(s), or leave at most one unknown "
+                            "factor per axis")
+        total = sum(math.prod(sizes[x] for x in t) for t in terms)
+        if total != length:
+            desc = " + ".join("*".join(f"{x.split(':')[0] if not x.startswith('_:') else '_'}={sizes[x]}"
+                                        for x in t) for t in terms)
+            raise SpecError(f"inconsistent sizes: {desc} gives {total}, but the axis has length {length}",
+                            file=spec.source, key=key, param=name, axis=a,
+                            hint="a space shared by several axes must have the same size everywhere; "
+                            "check the declared sizes and the segment split")
+    return sizes
+
+
+def _cut_blocks(name, shape, axes, sizes, key, source) -> BoundParam:
+    per_axis = []  # for each axis: list of (start, length, atoms)
+    for a, segs in enumerate(axes):
+        opts, start = [], 0
+        for j, seg in enumerate(segs):
+            atoms = tuple(Atom(None, sizes[f"_:{name}:{a}:{j}"]) if x == FREE else Atom(x, sizes[x])
+                          for x in seg)
+            length = math.prod(at.size for at in atoms)
+            opts.append((start, length, atoms))
+            start += length
+        per_axis.append(opts)
+    blocks = []
+    for i, choice in enumerate(itertools.product(*per_axis)):
+        blocks.append(Block(param=name, index=i, slices=tuple((s, n) for s, n, _ in choice),
+                            axes=tuple(atoms for _, _, atoms in choice)))
+    fused = tuple(a for a, opts in enumerate(per_axis) if len(opts) > 1)
+    return BoundParam(name=name, shape=tuple(shape), rule=key, blocks=tuple(blocks), fused_axes=fused)

@@ -1,0 +1,37 @@
+"""Symo: symmetry-structured curvature for PyTorch.
+
+    spec = symo.load_spec("specs/mlp_tanh.toml")
+    compiled = symo.compile(spec, model)          # or {name: shape}
+    S = compiled.orbit_average(grads)             # symo.Curvature
+    S.power(-0.5).matvec(grads)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from compiler import Spec as Spec
+from compiler import SpecError, compile_spec, load_spec, parse_spec
+
+from .compiled import BlockInfo, CompiledSpec, NonFiniteGradientError
+from .curvature import Curvature
+from .equivariance import SymmetryReport, check_symmetry
+
+__version__ = "0.1.0"
+__all__ = [
+    "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "Spec", "SpecError",
+    "SymmetryReport", "check_symmetry", "compile", "load_spec", "parse_spec",
+]
+
+
+def compile(spec: Spec | str | Path, shapes: Any, *, cache_dir: str | Path | None = None,
+            disk_cache: bool = True) -> CompiledSpec:
+    """Compile a spec (a `Spec`, or a path to a spec file) for `shapes` ({name: shape} or an nn.Module).
+
+    The generated code is cached in memory and on disk (see README, "Kernel cache"); a second call
+    with the same spec and shapes costs a parse and a hash.
+    """
+    if isinstance(spec, (str, Path)):
+        spec = load_spec(spec)
+    return CompiledSpec(compile_spec(spec, shapes, cache_dir=cache_dir, disk_cache=disk_cache))

@@ -1,0 +1,221 @@
+"""`CompiledSpec`: the runtime face of a compiled spec. The optimizer sees only this object."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from compiler import GeneratedModule
+
+from .curvature import Curvature
+
+Tensors = Mapping[str, torch.Tensor]
+
+
+class NonFiniteGradientError(ValueError):
+    """A gradient holds NaN or inf; the message names the parameter."""
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One isotypic block: Y has shape (batch, mult, width) and S = (Y Y^T / dim) (x) I."""
+
+    id: str
+    name: str
+    batch: int
+    mult: int
+    width: int
+    dim: int
+    dim_expr: str
+    params: tuple[str, ...]
+
+    @property
+    def root_form(self) -> bool:
+        """A single gradient's factor has rank <= width, so store Y / sqrt(d) when width < mult."""
+        return self.width < self.mult
+
+
+class CompiledSpec:
+    """A spec compiled for one set of parameter shapes."""
+
+    def __init__(self, module: GeneratedModule) -> None:
+        ns = module.namespace
+        self.key = module.key
+        self.source = module.source
+        self.source_path: Path | None = module.path
+        self.from_cache = module.from_cache
+        self.name: str = module.bound.name
+        self.spec_file: str = module.bound.source
+        self.shapes: dict[str, tuple[int, ...]] = {n: tuple(s) for n, s in ns["PARAMS"].items()}
+        self.param_names: list[str] = list(self.shapes)
+        self.uncovered: dict[str, tuple[int, ...]] = {n: tuple(s) for n, s in ns["UNCOVERED"].items()}
+        self.spaces: dict[str, dict] = ns["SPACES"]
+        self.blocks: list[BlockInfo] = [
+            BlockInfo(b["id"], b["name"], b["batch"], b["mult"], b["width"], b["dim"], b["dim_expr"],
+                      tuple(dict.fromkeys(r[0] for r in b["rows"])))
+            for b in ns["BLOCKS"]]
+        self.block_ids = [b.id for b in self.blocks]
+        self._block_params = ns["BLOCK_PARAMS"]
+        self._gather = ns["gather"]
+        self._scatter = ns["scatter"]
+        self._trivial = [b.id for b in self.blocks if b.name == "trivial"]
+
+    # ------------------------------------------------------------ coordinates
+    def gather(self, tensors: Tensors) -> dict[str, torch.Tensor]:
+        """{param: tensor} -> {block id: Y (batch, mult, width)}: the isotypic coordinates."""
+        missing = [n for n in self.param_names if n not in tensors]
+        if missing:
+            raise KeyError(f"missing tensors for covered parameters {missing}")
+        return self._gather(tensors)
+
+    def scatter(self, ys: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The transpose of `gather`: block coordinates -> {param: tensor}."""
+        return self._scatter(ys)
+
+    # ------------------------------------------------------------ estimators
+    def orbit_average(self, grads: Tensors, *, centered: bool = False, check_finite: bool = True) -> Curvature:
+        """S_g = E_g[A_g g g^T A_g^T] (MATH.md §3) from one gradient dict, in factored form.
+
+        `centered=True` averages (g - R1(g)) instead: the invariant part is dropped, so the result is
+        singular on parameters no group moves and must not be an optimizer's only curvature there.
+        """
+        if check_finite:
+            check_finite_tensors(grads, self.param_names)
+        ys = self.gather(grads)
+        dense, roots = {}, {}
+        for b in self.blocks:
+            y = ys[b.id]
+            if centered and b.id in self._trivial:
+                continue
+            d = max(b.dim, 1)
+            if b.root_form:
+                roots[b.id] = y / math.sqrt(d)
+            else:
+                dense[b.id] = (y @ y.transpose(-1, -2)) / d
+        return Curvature(self, dense, roots)
+
+    def invariant_part(self, v: Tensors) -> dict[str, torch.Tensor]:
+        """R1(v) = E_g[A_g v]: the projection onto vectors every group element fixes."""
+        ys = self.gather(v)
+        return self.scatter({b: (y if b in self._trivial else torch.zeros_like(y)) for b, y in ys.items()})
+
+    def zeros(self) -> Curvature:
+        """The zero element (no stored factors): the start of an EMA."""
+        return Curvature(self)
+
+    # ------------------------------------------------------------ the group
+    def random_element(self, generator: torch.Generator | None = None,
+                       dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+        """A random group element: one orthogonal matrix per space ((owner, n, n) for `per` spaces)."""
+        out = {}
+        for s, info in self.spaces.items():
+            copies = self.spaces[info["per"]]["size"] if info["per"] else 1
+            out[s] = torch.stack([_random_matrix(info["group"], info["size"], generator, dtype)
+                                  for _ in range(copies)])
+        return out
+
+    def act(self, element: Mapping[str, torch.Tensor], tensors: Tensors) -> dict[str, torch.Tensor]:
+        """A_g w: transform every covered parameter by the group element (uncovered ones pass through)."""
+        out = dict(tensors)
+        for name, blocks in self._block_params.items():
+            t = tensors[name]
+            new = t.clone()
+            for b in blocks:
+                view = t
+                for axis, (start, length) in enumerate(b["slices"]):
+                    view = view.narrow(axis, start, length)
+                atoms = b["atoms"]
+                x = view.reshape([n for _, n in atoms])
+                for k, (space, _) in enumerate(atoms):
+                    if space is None or self.spaces[space]["group"] == "identity":
+                        continue
+                    q = element[space].to(x.dtype)
+                    owner = self.spaces[space]["per"]
+                    if owner is None:
+                        x = torch.movedim(torch.tensordot(q[0], x, dims=([1], [k])), 0, k)
+                    else:  # one matrix per index of the owner atom
+                        j = next(i for i, (s, _) in enumerate(atoms) if s == owner)
+                        x = _act_per(x, q, k, j)
+                target = new
+                for axis, (start, length) in enumerate(b["slices"]):
+                    target = target.narrow(axis, start, length)
+                target.copy_(x.reshape(target.shape))
+            out[name] = new
+        return out
+
+    # ------------------------------------------------------------ reports
+    def memory(self) -> dict[str, int]:
+        """Numbers stored: EMA factors, single-gradient roots, dense P x P, and Shampoo's factors."""
+        p = sum(math.prod(s) for s in self.shapes.values())
+        shampoo = sum(sum(n * n for n in s) for s in self.shapes.values())
+        return {
+            "params": p,
+            "factors": sum(b.batch * b.mult * b.mult for b in self.blocks),
+            "single_gradient": sum(b.batch * b.mult * min(b.mult, b.width) for b in self.blocks),
+            "dense": p * p,
+            "shampoo": shampoo,
+        }
+
+    def describe(self) -> str:
+        """A human-readable table of the blocks, memory and uncovered parameters (the CLI prints it)."""
+        lines = [f"spec {self.name!r} ({self.spec_file}); {len(self.param_names)} covered parameters, "
+                 f"{len(self.uncovered)} uncovered; {len(self.blocks)} isotypic blocks"]
+        lines.append(f"  {'block':<6} {'label':<42} {'batch':>5} {'mult':>6} {'width':>6} {'dim':>8}  "
+                     "parameters")
+        for b in self.blocks:
+            params = ", ".join(b.params)
+            if len(params) > 60:
+                params = params[:57] + "..."
+            lines.append(f"  {b.id:<6} {b.name[:42]:<42} {b.batch:>5} {b.mult:>6} {b.width:>6} "
+                         f"{b.dim:>8}  {params}")
+        m = self.memory()
+        lines.append(f"memory (numbers): factors {m['factors']:,} | dense S {m['dense']:,} "
+                     f"({m['dense'] / max(m['factors'], 1):,.0f}x more) | Shampoo {m['shampoo']:,} "
+                     f"({m['shampoo'] / max(m['factors'], 1):.2f}x)")
+        if self.uncovered:
+            lines.append("uncovered (not curvature-preconditioned): " + ", ".join(self.uncovered))
+        lines.append(f"generated code: {self.source_path or '(memory only)'} [{self.from_cache}]")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"CompiledSpec({self.name!r}, params={len(self.param_names)}, blocks={len(self.blocks)})"
+
+
+def check_finite_tensors(tensors: Tensors, names: list[str]) -> None:
+    """Raise NonFiniteGradientError naming the first parameter with NaN/inf (one sync on success)."""
+    present = [n for n in names if n in tensors]
+    if not present:
+        return
+    total = torch.stack([tensors[n].detach().float().sum() for n in present]).sum()
+    if bool(torch.isfinite(total)):
+        return
+    for n in present:
+        if not bool(torch.isfinite(tensors[n]).all()):
+            raise NonFiniteGradientError(
+                f"gradient of parameter {n!r} holds NaN or inf; lower the learning rate, enable "
+                "gradient clipping, or check the loss for overflow")
+    raise NonFiniteGradientError("gradients overflow to inf when summed; check their scale")
+
+
+def _random_matrix(group: str, n: int, generator, dtype) -> torch.Tensor:
+    if group == "identity":
+        return torch.eye(n, dtype=dtype)
+    if group == "orthogonal":  # Haar: QR of a Gaussian with the sign of diag(R) fixed
+        q, r = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=dtype))
+        return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+    m = torch.eye(n, dtype=dtype)[torch.randperm(n, generator=generator)]
+    if group == "signed_perm":
+        m = m * (torch.randint(0, 2, (n, 1), generator=generator) * 2 - 1).to(dtype)
+    return m
+
+
+def _act_per(x: torch.Tensor, q: torch.Tensor, k: int, j: int) -> torch.Tensor:
+    """Apply q[i] along atom k of the slice where atom j (the owner) equals i."""
+    x = torch.movedim(x, (j, k), (0, 1))  # (owner, n, rest...)
+    shape = x.shape
+    y = torch.bmm(q, x.reshape(shape[0], shape[1], -1)).reshape(shape)
+    return torch.movedim(y, (0, 1), (j, k))
