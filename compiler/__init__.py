@@ -51,10 +51,11 @@ def cache_key(spec: Spec, bound: BoundSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
-def compile_spec(spec: Spec, shapes: Any, *, cache_dir: str | Path | None = None,
-                 disk_cache: bool = True) -> GeneratedModule:
-    """Run the pipeline. `shapes` is {name: shape} or an nn.Module. Nothing is cached on failure."""
-    bound = bind(spec, shapes_of(shapes))
+def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None,
+                 cache_dir: str | Path | None = None, disk_cache: bool = True) -> GeneratedModule:
+    """Run the pipeline. `shapes` is {name: shape} or an nn.Module; `sizes` sets space sizes that the
+    shapes leave open (see `bind`). Nothing is cached from a failed compile."""
+    bound = bind(spec, shapes_of(shapes), sizes)
     key = cache_key(spec, bound)
     hit = _MEMORY.get(key)
     if hit is not None:

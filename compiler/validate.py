@@ -94,8 +94,12 @@ def shapes_of(model_or_shapes: object) -> dict[str, tuple[int, ...]]:
     raise TypeError("shapes must be a dict {name: shape} or an nn.Module")
 
 
-def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> BoundSpec:
-    """Bind `spec` to parameter `shapes`; raise `SpecError` on any inconsistency."""
+def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, int] | None = None) -> BoundSpec:
+    """Bind `spec` to parameter `shapes`; raise `SpecError` on any inconsistency.
+
+    `sizes` overrides or supplies space sizes, keyed by a declared name (a family such as `head{i}`
+    sets every instance) or by an instance name (`head3`); the shapes cannot always tell them apart
+    (n_head x d_head is one axis)."""
     rules = [(r, _pattern_regex(r.pattern, spec.source)) for r in spec.params]
     matched: dict[str, tuple] = {}
     hits = {r.pattern: 0 for r in spec.params}
@@ -160,7 +164,7 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]]) -> BoundSpec:
             axes.append(out)
         concrete[name] = axes
 
-    sizes = _infer_sizes(spec, resolved, matched, concrete, shapes)
+    sizes = _infer_sizes(spec, resolved, matched, concrete, shapes, sizes or {})
     spaces: dict[str, BoundSpace] = {}
     for s in sorted(resolved, key=lambda s: _decl_order(spec, resolved[s][0], s)):
         d, caps = resolved[s]
@@ -241,9 +245,22 @@ def _substitute(name: str, caps: dict, source: str, key: str, param: str | None,
     return _CAPTURE.sub(sub, name)
 
 
-def _infer_sizes(spec, resolved, matched, concrete, shapes) -> dict[str, int]:
+def _infer_sizes(spec, resolved, matched, concrete, shapes, given) -> dict[str, int]:
     """Solve sum_seg prod_atoms size = axis length for unknown space and free-segment sizes."""
-    sizes: dict[str, int] = {s: d.size for s, (d, _) in resolved.items() if d.size is not None}
+    known_names = set(resolved) | {d.name for d, _ in resolved.values()}
+    for name, value in given.items():
+        if name not in known_names:
+            raise SpecError(f"a size is given for {name!r}, which no covered parameter uses",
+                            file=spec.source, key=f"spaces.{name}",
+                            hint=f"sizes can be set for {sorted(known_names)}")
+        if not isinstance(value, int) or value < 1:
+            raise SpecError(f"size for {name!r} must be a positive integer, got {value!r}",
+                            file=spec.source, key=f"spaces.{name}", hint="e.g. sizes={'head': 4}")
+    sizes: dict[str, int] = {}
+    for s, (d, _) in resolved.items():
+        value = given.get(s, given.get(d.name, d.size))
+        if value is not None:
+            sizes[s] = value
     # an equation: (param, axis, [[atom keys]], length); free segments get a private key
     eqs = []
     for name, axes in concrete.items():

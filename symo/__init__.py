@@ -25,13 +25,14 @@ __all__ = [
 ]
 
 
-def compile(spec: Spec | str | Path, shapes: Any, *, cache_dir: str | Path | None = None,
-            disk_cache: bool = True) -> CompiledSpec:
+def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | None = None,
+            cache_dir: str | Path | None = None, disk_cache: bool = True) -> CompiledSpec:
     """Compile a spec (a `Spec`, or a path to a spec file) for `shapes` ({name: shape} or an nn.Module).
 
+    `sizes` supplies space sizes the shapes cannot decide, e.g. {"head{i}": 4} for n_head.
     The generated code is cached in memory and on disk (see README, "Kernel cache"); a second call
     with the same spec and shapes costs a parse and a hash.
     """
     if isinstance(spec, (str, Path)):
         spec = load_spec(spec)
-    return CompiledSpec(compile_spec(spec, shapes, cache_dir=cache_dir, disk_cache=disk_cache))
+    return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache))
