@@ -1,0 +1,89 @@
+"""Command line: `symo compile SPEC --model module:factory` (or `--shapes ...`).
+
+Prints the isotypic blocks (labels, multiplicities, irrep dimensions), factor memory against dense
+and against Shampoo, the uncovered parameters, and where the generated code lives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from compiler import SpecError
+
+
+def _load_factory(text: str):
+    module, _, attr = text.partition(":")
+    if not attr:
+        raise SystemExit(f"--model expects module:factory (e.g. symo.models:gpt_small), got {text!r}")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SystemExit(f"--model {text!r}: {exc}") from exc
+    return factory()
+
+
+def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    """`name=16x8,other=16` or a path to a JSON file {name: [16, 8]}."""
+    if Path(text).is_file():
+        return {k: tuple(v) for k, v in json.loads(Path(text).read_text()).items()}
+    shapes = {}
+    for item in filter(None, text.split(",")):
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            shapes[name.strip()] = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes: cannot read {item!r}; write name=16x8,other=16 or a JSON file") from None
+    return shapes
+
+
+def _parse_sizes(items: list[str]) -> dict[str, int]:
+    sizes = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            raise SystemExit(f"--size expects space=N (e.g. head{{i}}=4), got {item!r}")
+        sizes[name] = int(value)
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="symo", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compile", help="compile a spec and print its structure")
+    c.add_argument("spec", help="path to a .toml spec file")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="module:factory returning an nn.Module, e.g. symo.models:gpt_small")
+    src.add_argument("--shapes", help="name=16x8,other=16 or a JSON file {name: shape}")
+    c.add_argument("--size", action="append", default=[], help="space size the shapes leave open, e.g. head{i}=4")
+    c.add_argument("--no-disk-cache", action="store_true", help="compile in memory only")
+    c.add_argument("--source", action="store_true", help="also print the generated code")
+    c.add_argument("--optimizer", action="store_true", help="also report the Symo optimizer it builds")
+    args = parser.parse_args(argv)
+
+    import symo
+
+    target = _load_factory(args.model) if args.model else _parse_shapes(args.shapes)
+    try:
+        compiled = symo.compile(args.spec, target, sizes=_parse_sizes(args.size) or None,
+                                disk_cache=not args.no_disk_cache)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(compiled.describe())
+    if args.source:
+        print(compiled.source)
+    if args.optimizer or args.model:
+        report = getattr(symo, "optimizer_report", None)
+        if report is not None and args.model:
+            print(report(target, compiled))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
