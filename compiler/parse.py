@@ -1,6 +1,6 @@
 """Stage 1, parse: TOML text -> `Spec`, a syntax tree with no knowledge of any model.
 
-Grammar (documented for users in docs/spec-format.md):
+Grammar (documented for users in README.md, "The spec format"):
 
     [spaces]   name = { group = "perm" | "signed_perm" | "orthogonal" | "identity",
                         size = 64 (optional), per = "owner" (optional) }

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test suite: lint, then pytest. Installs what it needs first (scripts/setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check compiler symo tests benchmarks
+# a private kernel cache per run, so tests never depend on (or litter) the user's cache
+export SYMO_CACHE_DIR="${SYMO_CACHE_DIR:-$(mktemp -d)}"
+exec .venv/bin/python -m pytest "$@"
