@@ -14,10 +14,9 @@ Names may hold `{x}` captures; a parameter pattern binds them and the spaces it 
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-
-import tomllib
 
 from .errors import SpecError
 

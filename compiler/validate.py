@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from .diagrams import commutant_dimension
 from .errors import SpecError
 from .parse import FREE, SpaceDecl, Spec
 
@@ -194,8 +195,13 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
                     continue
                 graph.add_edge(node, ("space", atom.space))
                 if atom.space in seen:
+                    group = spaces[atom.space].group
+                    dim = commutant_dimension(group, 4) if group != "identity" else None
+                    extra = (f"; its curvature lives in a {dim}-dimensional diagram commutant "
+                             f"({group}, MATH.md §5)") if dim else ""
                     raise SpecError(f"space {atom.space!r} occurs more than once in one block of the "
-                                    "parameter (a repeated space, e.g. an RNN's W_hh acted on as P W P^T)",
+                                    "parameter (a repeated space, e.g. an RNN's W_hh acted on as P W P^T)"
+                                    + extra,
                                     file=spec.source, key=f"params.{rule.pattern!r}", param=name,
                                     hint="repeated spaces (tier 2) are not compiled yet; use a different "
                                     "space for the second occurrence (a relaxed group) meanwhile")
