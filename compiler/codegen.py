@@ -101,7 +101,8 @@ def generate(structure: Structure, key: str) -> GeneratedCode:
     lines += ["    }", "", ""]
 
     # scatter
-    lines += ["def scatter(z):", '    """{block id: Z (batch, mult, width)} -> {param: tensor}; gather\'s transpose."""']
+    lines += ["def scatter(z):",
+              '    """{block id: Z (batch, mult, width)} -> {param: tensor}; gather\'s transpose."""']
     for ib in structure.blocks:
         lines.append(f"    z_{ib.id} = z[{ib.id!r}]")
     lines.append("    out = {}")
