@@ -57,10 +57,13 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
     shapes leave open (see `bind`). Nothing is cached from a failed compile."""
     bound = bind(spec, shapes_of(shapes), sizes)
     key = cache_key(spec, bound)
+    disk = _disk(cache_dir) if disk_cache else None
     hit = _MEMORY.get(key)
     if hit is not None:
-        return GeneratedModule(hit.key, hit.source, hit.path, hit.namespace, bound, "memory")
-    disk = DiskCache(Path(cache_dir) if cache_dir else None) if disk_cache else None
+        path = None
+        if disk is not None and disk.usable:  # honour this call's disk settings, not the first call's
+            path = disk.path(key) if disk.load(key) == hit.source else disk.store(key, hit.source)
+        return GeneratedModule(hit.key, hit.source, path, hit.namespace, bound, "memory")
     source = disk.load(key) if disk else None
     origin = "disk"
     if source is not None:
@@ -77,6 +80,17 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
     module = GeneratedModule(key, source, path, namespace, bound, origin)
     _MEMORY[key] = module
     return module
+
+
+_DISKS: dict[Path, DiskCache] = {}
+
+
+def _disk(cache_dir: str | Path | None) -> DiskCache:
+    """One DiskCache per directory and process, so warm compiles do not re-stat the directory."""
+    path = Path(cache_dir) if cache_dir else default_cache_dir()
+    if path not in _DISKS:
+        _DISKS[path] = DiskCache(path)
+    return _DISKS[path]
 
 
 def _execute(source: str, path: Path) -> dict[str, Any]:

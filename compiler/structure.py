@@ -93,8 +93,11 @@ def derive_structure(bound: BoundSpec) -> Structure:
             choices = []
             for atom in atoms:
                 group = spaces[atom.space].group if atom.space else "identity"
-                choices.append({"perm": (STD, TRIV), "signed_perm": (NAT,), "orthogonal": (NAT,),
-                                "identity": (None,)}[group])
+                pieces = {"perm": (STD, TRIV), "signed_perm": (NAT,), "orthogonal": (NAT,),
+                          "identity": (None,)}[group]
+                if group == "perm" and atom.size == 1:  # S_1: the standard piece is empty
+                    pieces = (TRIV,)
+                choices.append(pieces)
             for pieces in itertools.product(*choices):
                 label = tuple(sorted(((atoms[k].space, p) for k, p in enumerate(pieces) if p in (STD, NAT)),
                                      key=lambda sp: rank[sp[0]]))

@@ -82,7 +82,8 @@ class BoundSpec:
     def key_material(self) -> str:
         spaces = ";".join(f"{s.name}:{s.group}:{s.size}:{s.per}" for s in self.spaces.values())
         params = ";".join(f"{p.name}{p.shape}{[b.axes for b in p.blocks]}" for p in self.params)
-        return f"{spaces}|{params}"
+        uncovered = ";".join(f"{n}{s}" for n, s in self.uncovered)
+        return f"{spaces}|{params}|{uncovered}"
 
 
 def shapes_of(model_or_shapes: object) -> dict[str, tuple[int, ...]]:
@@ -101,7 +102,10 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
     `sizes` overrides or supplies space sizes, keyed by a declared name (a family such as `head{i}`
     sets every instance) or by an instance name (`head3`); the shapes cannot always tell them apart
     (n_head x d_head is one axis)."""
-    rules = [(r, _pattern_regex(r.pattern, spec.source)) for r in spec.params]
+    # a rule whose key starts with "?" is optional: matching nothing is fine (e.g. biases of a
+    # bias-free model); every other rule must match at least one parameter
+    optional = {r.pattern: r.pattern.startswith("?") for r in spec.params}
+    rules = [(r, _pattern_regex(r.pattern.removeprefix("?"), spec.source)) for r in spec.params]
     matched: dict[str, tuple] = {}
     hits = {r.pattern: 0 for r in spec.params}
     for name in shapes:
@@ -115,7 +119,7 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
             hits[r.pattern] += 1
             matched[name] = (r, m.groupdict())
     for pattern, n in hits.items():
-        if n == 0:
+        if n == 0 and not optional[pattern]:
             close = difflib.get_close_matches(pattern.replace("{", "").replace("}", ""), list(shapes), 3, 0.3)
             raise SpecError("pattern matches no parameter of the model", file=spec.source,
                             key=f"params.{pattern!r}",

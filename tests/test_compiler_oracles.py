@@ -1,0 +1,683 @@
+"""The compiled structure (MATH.md §4) against independent dense oracles (MATH.md §6).
+
+Every case is written twice: once as a spec (what the library compiles) and once as an oracle layout
+(``tests/oracles.py``'s own description, which never goes through the spec language). The library's
+factored curvature is then compared with the brute-force average over every group element
+(exhaustive for n <= 4; ``orthogonal`` spaces through B_n, whose second moment is exactly Haar's),
+and the worked cases of §4 with their closed forms (SVD, eigh of a Gram matrix). float64 throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import oracles as O
+import pytest
+import torch
+from torch.func import functional_call
+
+import symo
+from symo.models import GPT, MLP, GPTConfig
+
+D = torch.float64
+TOL = 1e-10
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def assert_near(actual: torch.Tensor, expected: torch.Tensor, tol: float = TOL) -> None:
+    """max |actual - expected| <= tol * max(1, max |expected|): relative to the data's scale."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    scale = max(1.0, float(expected.abs().max())) if expected.numel() else 1.0
+    err = float((actual.to(D) - expected.to(D)).abs().max()) if expected.numel() else 0.0
+    assert err <= tol * scale, f"max abs error {err:.3e} > {tol:.0e} * {scale:.3e}"
+
+
+def power_tol(S: torch.Tensor) -> float:
+    """Tolerance for S^p with p < 1 against the dense oracle: the oracle's own eigenvalues carry an
+    absolute error ~ P eps lambda_max, so its small ones are only relatively accurate to ~ eps cond."""
+    ev = torch.linalg.eigvalsh((S + S.T) / 2)
+    top = float(ev.abs().max()) if ev.numel() else 0.0
+    nz = ev[ev > 1e-12 * top * S.shape[0]]
+    cond = float(nz.max() / nz.min()) if nz.numel() else 1.0
+    return max(TOL, 1e-13 * cond)
+
+
+def compile_text(text: str, shapes: dict, sizes: dict | None = None) -> symo.CompiledSpec:
+    return symo.compile(symo.parse_spec(text, source="<test>"), shapes, sizes=sizes, disk_cache=False)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A spec and the same layout described independently for the oracle."""
+
+    id: str
+    spec: str
+    shapes: tuple  # ((name, shape), ...) in model order, uncovered parameters included
+    spaces: tuple  # ((space, (kind, size, per)), ...) for the oracle
+    layout: tuple  # ((name, shape, axes), ...) covered parameters, model order, oracle syntax
+    sizes: tuple = ()
+    n_blocks: int | None = None  # expected number of isotypic blocks where MATH.md says it
+
+    @property
+    def shape_dict(self) -> dict:
+        return {n: tuple(s) for n, s in self.shapes}
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _, _ in self.layout]
+
+    @property
+    def covered_shapes(self) -> list:
+        return [tuple(s) for _, s, _ in self.layout]
+
+    @property
+    def oracle_spaces(self) -> dict:
+        return dict(self.spaces)
+
+
+def mlp_case(kind: str, n: int) -> Case:
+    """MATH.md §4 case 2: W1 (h x 3), b1 (h), W2 (2 x h) share h; b2 is moved by nothing."""
+    spec = f"""
+[spaces]
+h = {{ group = "{kind}" }}
+[params]
+"fc1.weight" = ["h", "_"]
+"fc1.bias" = ["h"]
+"fc2.weight" = ["_", "h"]
+"fc2.bias" = ["_"]
+"""
+    shapes = (("fc1.weight", (n, 3)), ("fc1.bias", (n,)), ("fc2.weight", (2, n)), ("fc2.bias", (2,)))
+    layout = (("fc1.weight", (n, 3), ["h", "_"]), ("fc1.bias", (n,), ["h"]),
+              ("fc2.weight", (2, n), ["_", "h"]), ("fc2.bias", (2,), ["_"]))
+    blocks = {"perm": 2, "signed_perm": 2, "orthogonal": 2, "identity": 1}[kind]
+    if kind == "perm" and n == 1:
+        blocks = 1  # S_1 has no standard piece: only the trivial block remains
+    return Case(f"mlp-{kind}{n}", spec, shapes, (("h", (kind, n, None)),), layout, n_blocks=blocks)
+
+
+def h2h_case(ka: str, na: int, kb: str, nb: int) -> Case:
+    """Two group spaces on one parameter: w (b x a), plus u (a x 2) so labels meet across params."""
+    spec = f"""
+[spaces]
+a = {{ group = "{ka}" }}
+b = {{ group = "{kb}" }}
+[params]
+"w" = ["b", "a"]
+"u" = ["a", "_"]
+"""
+    shapes = (("w", (nb, na)), ("u", (na, 2)))
+    layout = (("w", (nb, na), ["b", "a"]), ("u", (na, 2), ["a", "_"]))
+    return Case(f"h2h-{ka}{na}-{kb}{nb}", spec, shapes, (("a", (ka, na, None)), ("b", (kb, nb, None))), layout)
+
+
+S3xS3 = Case(
+    "S3xS3-four-labels",
+    """
+[spaces]
+a = { group = "perm" }
+b = { group = "perm" }
+[params]
+W1 = ["a", "_"]
+W2 = ["b", "a"]
+b2 = ["b"]
+W3 = ["_", "b"]
+""",
+    (("W1", (3, 2)), ("W2", (3, 3)), ("b2", (3,)), ("W3", (2, 3))),
+    (("a", ("perm", 3, None)), ("b", ("perm", 3, None))),
+    (("W1", (3, 2), ["a", "_"]), ("W2", (3, 3), ["b", "a"]), ("b2", (3,), ["b"]), ("W3", (2, 3), ["_", "b"])),
+    n_blocks=4,
+)
+
+_ATTN = [("head", "dqk"), ("head", "dqk"), ("head", "dvo")]
+PER_HEAD = Case(
+    "per-head-attention",
+    """
+[spaces]
+head = { group = "identity", size = 2 }
+dqk = { group = "orthogonal", per = "head", size = 2 }
+dvo = { group = "perm", per = "head" }
+[params]
+"attn.c_attn.weight" = [["(head dqk)", "(head dqk)", "(head dvo)"], "_"]
+"attn.c_attn.bias" = [["(head dqk)", "(head dqk)", "(head dvo)"]]
+"attn.c_proj.weight" = ["_", "(head dvo)"]
+"attn.k3" = ["head", "dqk", "_"]
+"attn.qv" = ["head", "dqk", "dvo"]
+""",
+    (("attn.c_attn.weight", (12, 3)), ("attn.c_attn.bias", (12,)), ("attn.c_proj.weight", (3, 4)),
+     ("attn.k3", (2, 2, 2)), ("attn.qv", (2, 2, 2))),
+    (("head", ("identity", 2, None)), ("dqk", ("orthogonal", 2, "head")), ("dvo", ("perm", 2, "head"))),
+    (("attn.c_attn.weight", (12, 3), [list(_ATTN), "_"]), ("attn.c_attn.bias", (12,), [list(_ATTN)]),
+     ("attn.c_proj.weight", (3, 4), ["_", ("head", "dvo")]), ("attn.k3", (2, 2, 2), ["head", "dqk", "_"]),
+     ("attn.qv", (2, 2, 2), ["head", "dqk", "dvo"])),
+    n_blocks=4,  # nat(dqk), std(dvo), nat(dqk) x std(dvo) (each per head) and trivial
+)
+
+FUSED = Case(
+    "fused-free-segment-and-product",
+    """
+[spaces]
+h = { group = "perm", size = 3 }
+s = { group = "signed_perm", size = 2 }
+[params]
+"w" = [["h", "_", "s"], "_"]
+"v" = ["s", ["_", "h"]]
+"x" = ["(h s)"]
+"z" = [["h", "_"], ["_", "s"]]
+"y" = [["h", "h"]]
+""",
+    (("w", (6, 2)), ("v", (2, 5)), ("x", (6,)), ("z", (4, 3)), ("y", (6,))),
+    (("h", ("perm", 3, None)), ("s", ("signed_perm", 2, None))),
+    (("w", (6, 2), [["h", ("_", 1), "s"], "_"]), ("v", (2, 5), ["s", [("_", 2), "h"]]), ("x", (6,), [("h", "s")]),
+     ("z", (4, 3), [["h", ("_", 1)], [("_", 1), "s"]]), ("y", (6,), [["h", "h"]])),
+)
+
+CAPTURES = Case(
+    "captures-families-uncovered",
+    """
+[spaces]
+"h{i}" = { group = "perm" }
+"g{i}" = { group = "signed_perm" }
+[params]
+"layers.{i}.weight" = ["h{i}", "_"]
+"layers.{i}.bias" = ["h{i}"]
+"layers.{i}.proj" = ["g{i}", "h{i}"]
+""",
+    (("embed.weight", (4, 2)), ("layers.0.weight", (2, 2)), ("layers.0.bias", (2,)), ("layers.0.proj", (2, 2)),
+     ("layers.1.weight", (3, 2)), ("layers.1.bias", (3,)), ("layers.1.proj", (1, 3)),
+     ("layers.2.weight", (2, 2)), ("layers.2.bias", (2,)), ("layers.2.proj", (1, 2)), ("head.weight", (2, 3))),
+    (("h0", ("perm", 2, None)), ("h1", ("perm", 3, None)), ("h2", ("perm", 2, None)),
+     ("g0", ("signed_perm", 2, None)), ("g1", ("signed_perm", 1, None)), ("g2", ("signed_perm", 1, None))),
+    tuple((f"layers.{i}.{p}", s, ax) for i, (h, g) in enumerate([(2, 2), (3, 1), (2, 1)])
+          for p, s, ax in [("weight", (h, 2), [f"h{i}", "_"]), ("bias", (h,), [f"h{i}"]),
+                           ("proj", (g, h), [f"g{i}", f"h{i}"])]),
+)
+
+PER_CAPTURES = Case(
+    "per-families-over-layers",
+    """
+[spaces]
+"head{i}" = { group = "identity" }
+"d{i}" = { group = "orthogonal", per = "head{i}" }
+[params]
+"blk.{i}.q" = ["(head{i} d{i})", "_"]
+"blk.{i}.k" = ["(head{i} d{i})", "_"]
+""",
+    (("blk.0.q", (4, 2)), ("blk.0.k", (4, 2)), ("blk.1.q", (2, 3)), ("blk.1.k", (2, 3))),
+    (("head0", ("identity", 2, None)), ("d0", ("orthogonal", 2, "head0")),
+     ("head1", ("identity", 2, None)), ("d1", ("orthogonal", 1, "head1"))),
+    (("blk.0.q", (4, 2), [("head0", "d0"), "_"]), ("blk.0.k", (4, 2), [("head0", "d0"), "_"]),
+     ("blk.1.q", (2, 3), [("head1", "d1"), "_"]), ("blk.1.k", (2, 3), [("head1", "d1"), "_"])),
+    sizes=(("head{i}", 2),),
+)
+
+REVERSED = Case(
+    "same-label-transposed-axes",
+    """
+[spaces]
+a = { group = "signed_perm" }
+b = { group = "orthogonal" }
+[params]
+W = ["a", "b"]
+V = ["b", "a"]
+c = ["b"]
+""",
+    (("W", (2, 3)), ("V", (3, 2)), ("c", (3,))),
+    (("a", ("signed_perm", 2, None)), ("b", ("orthogonal", 3, None))),
+    (("W", (2, 3), ["a", "b"]), ("V", (3, 2), ["b", "a"]), ("c", (3,), ["b"])),
+)
+
+CASES = [
+    mlp_case("perm", 4), mlp_case("signed_perm", 3), mlp_case("orthogonal", 3), mlp_case("identity", 3),
+    mlp_case("perm", 2), mlp_case("perm", 1), mlp_case("orthogonal", 1),
+    h2h_case("perm", 3, "signed_perm", 2), h2h_case("signed_perm", 2, "orthogonal", 3),
+    h2h_case("orthogonal", 2, "perm", 3), h2h_case("perm", 3, "perm", 3), h2h_case("identity", 2, "perm", 3),
+    S3xS3, PER_HEAD, FUSED, CAPTURES, PER_CAPTURES, REVERSED,
+]
+CASE_IDS = [c.id for c in CASES]
+_STATE: dict[str, tuple] = {}
+
+
+def setup(case: Case) -> tuple[symo.CompiledSpec, list[torch.Tensor]]:
+    """(compiled spec, every dense A_g), built once per case."""
+    if case.id not in _STATE:
+        compiled = compile_text(case.spec, case.shape_dict, dict(case.sizes) or None)
+        actions = O.action_matrices(case.oracle_spaces, list(case.layout))
+        _STATE[case.id] = (compiled, actions)
+    return _STATE[case.id]
+
+
+def grads(case: Case, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """Random float64 tensors for EVERY parameter of the model (uncovered ones included)."""
+    g = gen(seed)
+    return {n: scale * torch.randn(*s, dtype=D, generator=g) for n, s in case.shapes}
+
+
+def flat(case: Case, tensors: dict) -> torch.Tensor:
+    return O.flatten(tensors, case.names)
+
+
+def unflat(case: Case, vec: torch.Tensor) -> dict[str, torch.Tensor]:
+    return O.unflatten(vec, case.names, case.covered_shapes)
+
+
+def oracle_S(case: Case, tensors: dict) -> torch.Tensor:
+    return O.dense_orbit_average(setup(case)[1], flat(case, tensors))
+
+
+def to_oracle_element(compiled: symo.CompiledSpec, element: dict) -> dict:
+    """The library's element {space: (copies, n, n)} in the oracle's format."""
+    out = {}
+    for s, m in element.items():
+        out[s] = tuple(m) if compiled.spaces[s]["per"] else m[0]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The layout itself
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_param_names_uncovered_and_block_count(case: Case) -> None:
+    compiled, _ = setup(case)
+    assert compiled.param_names == case.names
+    covered = set(case.names)
+    assert list(compiled.uncovered) == [n for n, _ in case.shapes if n not in covered]
+    if case.n_blocks is not None:
+        assert len(compiled.blocks) == case.n_blocks
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_act_matches_oracle_action_matrix(case: Case) -> None:
+    """compiled.act(g, .) is the oracle's A_g for the same element (uncovered tensors pass through)."""
+    compiled, _ = setup(case)
+    element = compiled.random_element(gen(11), dtype=D)
+    w = grads(case, 12)
+    moved = compiled.act(element, w)
+    a = O.action_matrix(case.oracle_spaces, list(case.layout), to_oracle_element(compiled, element))
+    assert_near(flat(case, moved), a @ flat(case, w))
+    for name in compiled.uncovered:
+        assert torch.equal(moved[name], w[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# S_g against the exhaustive average
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_dense_and_matvec_match_oracle(case: Case) -> None:
+    compiled, _ = setup(case)
+    g = grads(case, 1)
+    S = oracle_S(case, g)
+    cur = compiled.orbit_average(g)
+    assert_near(cur.dense(), S)
+    v = grads(case, 2)
+    assert_near(flat(case, cur.matvec(v)), S @ flat(case, v))
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_powers_match_oracle(case: Case, seed: int) -> None:
+    compiled, _ = setup(case)
+    g = grads(case, seed)
+    S = oracle_S(case, g)
+    cur = compiled.orbit_average(g)
+    tol = power_tol(S)
+    inv_sqrt = O.dense_power(S, -0.5)
+    assert_near(cur.power(-0.5).dense(), inv_sqrt, tol)
+    assert_near(flat(case, cur.power(-0.5).matvec(g)), inv_sqrt @ flat(case, g), tol)
+    assert_near(cur.power(2).dense(), S @ S)
+    assert_near(cur.power(0.5).dense(), O.dense_power(S, 0.5), tol)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_centered_average_and_invariant_part(case: Case) -> None:
+    compiled, actions = setup(case)
+    g = grads(case, 5)
+    x = flat(case, g)
+    r1 = O.dense_R1(actions, x)
+    assert_near(flat(case, compiled.invariant_part(g)), r1)
+    expected = O.dense_orbit_average(actions, x - r1)
+    assert_near(compiled.orbit_average(g, centered=True).dense(), expected)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_zero_and_partly_zero_gradients(case: Case) -> None:
+    """Pseudo-inverse semantics: S = 0 gives S^{-1/2} = 0; a gradient on one parameter only works too."""
+    compiled, _ = setup(case)
+    zero = {n: torch.zeros(*s, dtype=D) for n, s in case.shapes}
+    cur = compiled.orbit_average(zero)
+    P = O.param_size(case.layout)
+    assert_near(cur.dense(), torch.zeros(P, P, dtype=D))
+    assert_near(cur.power(-0.5).dense(), torch.zeros(P, P, dtype=D))
+    one = dict(zero)
+    last = case.names[-1]
+    one[last] = grads(case, 15)[last]
+    S = oracle_S(case, one)
+    cur = compiled.orbit_average(one)
+    assert_near(cur.dense(), S)
+    assert_near(cur.power(-0.5).dense(), O.dense_power(S, -0.5), power_tol(S))
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariance
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_average_invariant_under_library_elements(case: Case) -> None:
+    compiled, _ = setup(case)
+    g = grads(case, 6)
+    base = compiled.orbit_average(g).dense()
+    for seed in (21, 22):
+        moved = compiled.act(compiled.random_element(gen(seed), dtype=D), g)
+        assert_near(compiled.orbit_average(moved).dense(), base)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_average_invariant_under_oracle_samples_and_commutes(case: Case) -> None:
+    """orbit_average(A g) == orbit_average(g) and A S A^T == S, A from the oracle (Haar for O(n))."""
+    compiled, _ = setup(case)
+    g = grads(case, 7)
+    cur = compiled.orbit_average(g)
+    S = cur.dense()
+    for seed in (31, 32):
+        a = O.sample_action(case.oracle_spaces, list(case.layout), gen(seed))
+        moved = unflat(case, a @ flat(case, g))
+        assert_near(compiled.orbit_average(moved).dense(), S)
+        assert_near(a @ S, S @ a)
+        assert_near(a @ cur.power(-0.5).dense(), cur.power(-0.5).dense() @ a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Algebra
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_power_composition_and_support_projector(case: Case) -> None:
+    compiled, _ = setup(case)
+    g = grads(case, 8)
+    S_or = oracle_S(case, g)
+    cur = compiled.orbit_average(g)
+    tol = power_tol(S_or)
+    pinv = O.dense_power(S_or, -1.0)
+    assert_near(cur.power(-0.5).power(2).dense(), pinv, 10 * tol)
+    assert_near(cur.power(-1.0).dense(), pinv, 10 * tol)
+    assert_near(cur.power(0.5).power(-2).dense(), pinv, 10 * tol)
+    assert_near(cur.power(2).power(0.25).dense(), O.dense_power(S_or, 0.5), tol)
+    m = cur.power(-0.5).dense()
+    projector = O.dense_power(S_or, 0.0)  # 1 on the support, 0 off it
+    assert_near(m @ m @ cur.dense(), projector, 10 * tol)
+    assert_near(cur.power(-0.5).power(2).dense() @ cur.dense(), projector, 10 * tol)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_sums_and_scalars(case: Case) -> None:
+    compiled, _ = setup(case)
+    g, h = grads(case, 9), grads(case, 10)
+    S, T = compiled.orbit_average(g), compiled.orbit_average(h)
+    So, To = oracle_S(case, g), oracle_S(case, h)
+    assert_near((S + 0.5 * T).dense(), S.dense() + 0.5 * T.dense())
+    assert_near((S + 0.5 * T).dense(), So + 0.5 * To)
+    assert_near((S * 2.0 - T).dense(), 2 * So - To)
+    assert_near((S + T).power(-0.5).dense(), O.dense_power(So + To, -0.5), power_tol(So + To))
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_ema_of_many_root_form_curvatures(case: Case) -> None:
+    """An EMA over steps: sums of low-rank roots turn dense once their rank would reach mult."""
+    compiled, _ = setup(case)
+    beta, steps = 0.9, 12
+    acc, expected = compiled.zeros(), torch.zeros(O.param_size(case.layout), O.param_size(case.layout), dtype=D)
+    first = compiled.orbit_average(grads(case, 100))
+    for k in range(steps):
+        g = grads(case, 100 + k)
+        acc = acc * beta + compiled.orbit_average(g) * (1 - beta)
+        expected = beta * expected + (1 - beta) * oracle_S(case, g)
+        assert_near(acc.dense(), expected)
+    assert_near(acc.power(-0.5).dense(), O.dense_power(expected, -0.5), power_tol(expected))
+    info = {b.id: b for b in compiled.blocks}
+    for b in first.root_factors:  # roots stay thinner than the block; enough of them turn dense
+        assert b in acc.dense_factors or acc.root_factors[b].shape[-1] < info[b].mult
+        if steps * info[b].width >= info[b].mult:
+            assert b in acc.dense_factors, b
+
+
+# ---------------------------------------------------------------------------------------------
+# The worked cases of MATH.md §4 against closed forms
+# ---------------------------------------------------------------------------------------------
+
+
+def polar(m: torch.Tensor) -> torch.Tensor:
+    """U V^T from the thin SVD, dropping singular values that are zero."""
+    u, s, vh = torch.linalg.svd(m, full_matrices=False)
+    keep = s > 1e-12 * s.max()
+    return u[:, keep] @ vh[keep]
+
+
+@pytest.mark.parametrize("kind", ["signed_perm", "orthogonal"])
+@pytest.mark.parametrize("shape", [(7, 3), (5, 5), (3, 8), (4, 2), (3, 3), (2, 4)])
+def test_muon_polar_factor(kind: str, shape: tuple[int, int]) -> None:
+    """Case 1: w = ["r", "_"] gives S^{-1/2} g = sqrt(m) U V^T (tall, square and wide)."""
+    m, n = shape
+    compiled = compile_text(f'[spaces]\nr = {{ group = "{kind}" }}\n[params]\n"w" = ["r", "_"]\n', {"w": shape})
+    G = torch.randn(m, n, dtype=D, generator=gen(40 + m * n))
+    upd = compiled.orbit_average({"w": G}).power(-0.5).matvec({"w": G})["w"]
+    assert_near(upd, math.sqrt(m) * polar(G))
+    if m <= 4:  # and the exhaustive average, for the groups small enough to enumerate
+        acts = O.action_matrices({"r": (kind, m, None)}, [("w", shape, ["r", "_"])])
+        S = O.dense_orbit_average(acts, G.reshape(-1))
+        assert_near(upd.reshape(-1), O.dense_power(S, -0.5) @ G.reshape(-1))
+        assert_near(S, torch.kron(torch.eye(m, dtype=D), G.T @ G / m))
+
+
+@pytest.mark.parametrize("shape", [(4, 2), (3, 3), (3, 5), (6, 3)])
+def test_muon_with_perm_rows_keeps_the_mean_row_apart(shape: tuple[int, int]) -> None:
+    """With perm rows the J/m piece is its own block: sqrt(m-1) polar((I-J/m) G) + mean row / its norm."""
+    m, n = shape
+    compiled = compile_text('[spaces]\nr = { group = "perm" }\n[params]\n"w" = ["r", "_"]\n', {"w": shape})
+    assert len(compiled.blocks) == 2
+    G = torch.randn(m, n, dtype=D, generator=gen(50 + m * n))
+    upd = compiled.orbit_average({"w": G}).power(-0.5).matvec({"w": G})["w"]
+    centered = G - G.mean(0, keepdim=True)
+    col_sum = G.sum(0, keepdim=True)
+    expected = math.sqrt(m - 1) * polar(centered) + torch.ones(m, 1, dtype=D) * col_sum / col_sum.norm() / math.sqrt(m)
+    assert_near(upd, expected)
+    if m <= 4:
+        acts = O.action_matrices({"r": ("perm", m, None)}, [("w", shape, ["r", "_"])])
+        S = O.dense_orbit_average(acts, G.reshape(-1))
+        assert_near(upd.reshape(-1), O.dense_power(S, -0.5) @ G.reshape(-1))
+
+
+@pytest.mark.parametrize("mnk", [(5, 4, 3), (2, 1, 4), (6, 6, 2)])
+def test_factored_gauge_is_gram_determined(mnk: tuple[int, int, int]) -> None:
+    """Case 4: U (m x k), V (n x k), shared O(k): S^{-1/2} g = sqrt(k) (Y Y^T)^{-1/2} Y, Y = [G_U; G_V]."""
+    m, n, k = mnk
+    spec = '[spaces]\nk = { group = "orthogonal" }\n[params]\nU = ["_", "k"]\nV = ["_", "k"]\n'
+    compiled = compile_text(spec, {"U": (m, k), "V": (n, k)})
+    g = gen(60 + k)
+    gu, gv = torch.randn(m, k, dtype=D, generator=g), torch.randn(n, k, dtype=D, generator=g)
+    upd = compiled.orbit_average({"U": gu, "V": gv}).power(-0.5).matvec({"U": gu, "V": gv})
+    Y = torch.cat([gu, gv])
+    expected = math.sqrt(k) * O.dense_power(Y @ Y.T, -0.5) @ Y
+    assert_near(torch.cat([upd["U"], upd["V"]]), expected)
+    if k <= 3:
+        layout = [("U", (m, k), ["_", "k"]), ("V", (n, k), ["_", "k"])]
+        acts = O.action_matrices({"k": ("orthogonal", k, None)}, layout)
+        x = torch.cat([gu.reshape(-1), gv.reshape(-1)])
+        S = O.dense_orbit_average(acts, x)
+        assert_near(torch.cat([upd["U"].reshape(-1), upd["V"].reshape(-1)]), O.dense_power(S, -0.5) @ x)
+
+
+@pytest.mark.parametrize("h2,h1", [(3, 2), (5, 4), (1, 6)])
+def test_hidden_to_hidden_signed_is_normalised_gradient(h2: int, h1: int) -> None:
+    """Case 3: both spaces signed_perm, S is the scalar ||G||^2 / (h1 h2): sqrt(h1 h2) G / ||G||."""
+    spec = '[spaces]\na = { group = "signed_perm" }\nb = { group = "signed_perm" }\n[params]\nW = ["b", "a"]\n'
+    compiled = compile_text(spec, {"W": (h2, h1)})
+    G = torch.randn(h2, h1, dtype=D, generator=gen(70 + h1))
+    cur = compiled.orbit_average({"W": G})
+    assert_near(cur.power(-0.5).matvec({"W": G})["W"], math.sqrt(h1 * h2) * G / G.norm())
+    assert_near(cur.dense(), torch.eye(h1 * h2, dtype=D) * G.norm() ** 2 / (h1 * h2))
+
+
+@pytest.mark.parametrize("spec,shapes", [
+    ('[spaces]\nr = { group = "signed_perm" }\n[params]\n"w" = ["r", "_"]\n', {"w": (3, 4)}),
+    ('[spaces]\nr = { group = "orthogonal" }\n[params]\n"w" = ["r", "_"]\n', {"w": (4, 2)}),
+    ('[spaces]\nk = { group = "orthogonal" }\n[params]\nU = ["_", "k"]\nV = ["_", "k"]\n', {"U": (2, 3), "V": (2, 3)}),
+    ('[spaces]\na = { group = "signed_perm" }\nb = { group = "orthogonal" }\n[params]\nW = ["b", "a"]\n',
+     {"W": (2, 3)}),
+], ids=["muon-wide", "muon-tall", "gauge", "hidden-to-hidden"])
+@pytest.mark.parametrize("damping", [1e-3, 0.1])
+def test_relative_damping_on_single_block_layouts(spec: str, shapes: dict, damping: float) -> None:
+    """With one isotypic block, per-block relative damping is the dense oracle's global damping."""
+    compiled = compile_text(spec, shapes)
+    assert len(compiled.blocks) == 1
+    names = compiled.param_names
+    g = {n: torch.randn(*s, dtype=D, generator=gen(17 + i)) for i, (n, s) in enumerate(shapes.items())}
+    x = O.flatten(g, names)
+    S = compiled.orbit_average(g).dense()
+    for p in (-0.5, -1.0):
+        expected = O.dense_power(S, p, damping)
+        assert_near(compiled.orbit_average(g).power(p, damping).dense(), expected)
+        assert_near(O.flatten(compiled.orbit_average(g).power(p, damping).matvec(g), names), expected @ x)
+
+
+def test_curvatures_of_different_specs_do_not_mix() -> None:
+    a = compile_text('[spaces]\nr = { group = "perm" }\n[params]\n"w" = ["r", "_"]\n', {"w": (3, 2)})
+    b = compile_text('[spaces]\nr = { group = "perm" }\n[params]\n"w" = ["r", "_"]\n', {"w": (3, 3)})
+    with pytest.raises(ValueError):
+        a.orbit_average({"w": torch.ones(3, 2, dtype=D)}) + b.orbit_average({"w": torch.ones(3, 3, dtype=D)})
+
+
+def test_s3xs3_label_couples_w1_with_w2_column_means() -> None:
+    """The (std_a, triv_b) label holds W1 and the column means of W2 (MATH.md §4)."""
+    compiled, _ = setup(S3xS3)
+    names = {b.name: set(b.params) for b in compiled.blocks}
+    assert names == {
+        "std(a)": {"W1", "W2"},
+        "std(b)": {"W2", "b2", "W3"},
+        "std(a) x std(b)": {"W2"},
+        "trivial": {"W1", "W2", "b2", "W3"},
+    }
+
+
+def test_shared_hidden_space_is_one_label() -> None:
+    """Case 2 with signed_perm: one label stacks [G1^T; g_b1^T; G2]; b2 sits alone in the trivial one."""
+    compiled, _ = setup(mlp_case("signed_perm", 3))
+    by_params = sorted(sorted(b.params) for b in compiled.blocks)
+    assert by_params == [["fc1.bias", "fc1.weight", "fc2.weight"], ["fc2.bias"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Non-finite gradients
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_gradient_names_the_parameter(bad: float) -> None:
+    case = mlp_case("perm", 4)
+    compiled, _ = setup(case)
+    g = grads(case, 13)
+    g["fc1.bias"][2] = bad
+    with pytest.raises(symo.NonFiniteGradientError, match="fc1.bias"):
+        compiled.orbit_average(g)
+
+
+def test_large_but_finite_float64_gradient_is_accepted() -> None:
+    """1e39 is finite in float64 (S ~ 1e78 is too); it must not be reported as NaN/inf."""
+    case = mlp_case("signed_perm", 3)
+    compiled, _ = setup(case)
+    g = grads(case, 14, scale=1e39)
+    S = compiled.orbit_average(g).dense()
+    assert_near(S / 1e78, oracle_S(case, g) / 1e78)
+
+
+# ---------------------------------------------------------------------------------------------
+# True versus relaxed symmetries
+# ---------------------------------------------------------------------------------------------
+
+
+def mlp_loss(model: torch.nn.Module):
+    g = gen(80)
+    x = torch.randn(16, 8, dtype=D, generator=g)
+    y = torch.randn(16, 4, dtype=D, generator=g)
+
+    def loss(params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return ((functional_call(model, params, (x,)) - y) ** 2).mean()
+
+    return loss
+
+
+@pytest.mark.parametrize("act,spec,true", [("tanh", "specs/mlp_tanh.toml", True),
+                                           ("relu", "specs/mlp_tanh.toml", False),
+                                           ("relu", "specs/mlp_relu.toml", True)])
+def test_check_symmetry_mlp(act: str, spec: str, true: bool) -> None:
+    torch.manual_seed(0)
+    model = MLP(act=act).double()
+    compiled = symo.compile(spec, model, disk_cache=False)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    report = symo.check_symmetry(mlp_loss(model), compiled, params)
+    assert report.is_true_symmetry is true, report
+    if not true:
+        assert report.max_rel_change > 1e-6
+
+
+GPT_ATTENTION_ONLY = """
+[spaces]
+"head{i}" = { group = "identity" }
+"dqk{i}"  = { group = "orthogonal", per = "head{i}" }
+"dvo{i}"  = { group = "orthogonal", per = "head{i}" }
+[params]
+"transformer.h.{i}.attn.c_attn.weight" = [["(head{i} dqk{i})", "(head{i} dqk{i})", "(head{i} dvo{i})"], "_"]
+"transformer.h.{i}.attn.c_attn.bias"   = [["(head{i} dqk{i})", "(head{i} dqk{i})", "(head{i} dvo{i})"]]
+"transformer.h.{i}.attn.c_proj.weight" = ["_", "(head{i} dvo{i})"]
+"""
+
+
+def gpt_setup():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=8, vocab_size=11, block_size=8)).double()
+    for p in model.parameters():  # non-zero biases and LayerNorm parameters, so nothing is trivially zero
+        p.data.add_(0.1 * torch.randn_like(p))
+    g = gen(90)
+    idx = torch.randint(0, 11, (3, 8), generator=g)
+    targets = torch.randint(0, 11, (3, 8), generator=g)
+
+    def loss(params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return functional_call(model, params, (idx, targets))[1]
+
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    return model, loss, params
+
+
+def test_gpt_attention_gauges_are_a_true_symmetry() -> None:
+    model, loss, params = gpt_setup()
+    sizes = {"dqk{i}": 4, "dvo{i}": 4}
+    compiled = compile_text(GPT_ATTENTION_ONLY, model, sizes=sizes)
+    assert compiled.spaces["head0"]["size"] == 2 and compiled.spaces["dqk1"]["per"] == "head1"
+    report = symo.check_symmetry(loss, compiled, params)
+    assert report.is_true_symmetry, report
+    # the group really moves the weights (a true symmetry that is not the identity)
+    moved = compiled.act(compiled.random_element(gen(91), dtype=D), params)
+    name = "transformer.h.0.attn.c_attn.weight"
+    assert (moved[name] - params[name]).abs().max() > 1e-3
+
+
+def test_gpt_full_spec_with_relaxed_mlp_is_not_a_true_symmetry() -> None:
+    model, loss, params = gpt_setup()
+    compiled = symo.compile("specs/gpt.toml", model, sizes={"dqk{i}": 4, "dvo{i}": 4}, disk_cache=False)
+    assert "transformer.h.1.mlp.c_fc.weight" in compiled.param_names
+    assert "transformer.wte.weight" in compiled.uncovered
+    report = symo.check_symmetry(loss, compiled, params)
+    assert not report.is_true_symmetry, report
