@@ -17,11 +17,12 @@ from compiler import SpecError, compile_spec, load_spec, parse_spec
 from .compiled import BlockInfo, CompiledSpec, NonFiniteGradientError
 from .curvature import Curvature
 from .equivariance import SymmetryReport, check_symmetry
+from .optim import Symo, SymoConfig
 
 __version__ = "0.1.0"
 __all__ = [
     "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "Spec", "SpecError",
-    "SymmetryReport", "check_symmetry", "compile", "load_spec", "parse_spec",
+    "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "parse_spec",
 ]
 
 

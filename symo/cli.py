@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--size", action="append", default=[], help="space size the shapes leave open, e.g. head{i}=4")
     c.add_argument("--no-disk-cache", action="store_true", help="compile in memory only")
     c.add_argument("--source", action="store_true", help="also print the generated code")
-    c.add_argument("--optimizer", action="store_true", help="also report the Symo optimizer it builds")
+    c.add_argument("--optimizer", action="store_true",
+                   help="also report the Symo optimizer it builds (default options; needs --model)")
     args = parser.parse_args(argv)
 
     import symo
@@ -78,10 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     print(compiled.describe())
     if args.source:
         print(compiled.source)
-    if args.optimizer or args.model:
-        report = getattr(symo, "optimizer_report", None)
-        if report is not None and args.model:
-            print(report(target, compiled))
+    if args.optimizer:
+        if not args.model:
+            print("error: --optimizer needs --model (the optimizer needs parameters)", file=sys.stderr)
+            return 2
+        opt = symo.Symo(target.named_parameters(), compiled)
+        print()
+        print(opt.describe())
+        m = opt.memory_report()
+        print(f"optimizer state (numbers): Symo {m['symo']:,} (block statistics {m['symo_block_statistics']:,}) | "
+              f"AdamW {m['adamw']:,} ({m['symo'] / m['adamw']:.2f}x of AdamW) | "
+              f"Shampoo factors + AdamW {m['shampoo']:,} ({m['symo'] / max(m['shampoo'], 1):.2f}x of Shampoo)")
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Conventions of MATH.md §3: damping is relative, x -> x + damping * lambda_max per block; eigenvalues
 that are zero to working precision map to zero (pseudo-inverse semantics), so a rank-deficient
-single-gradient S still has a well-defined S^{-1/2} on its support.
+single-gradient S still has a well-defined S^{-1/2} on its support. `absolute=True` selects
+Shampoo's convention instead, x -> x + damping on every eigenvalue (no thresholding when damping > 0).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ MUON_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
 def _eigh(a: torch.Tensor, float64_max: int = FLOAT64_EIGH_MAX) -> tuple[torch.Tensor, torch.Tensor]:
-    work = torch.float64 if a.shape[-1] <= float64_max else torch.float32
+    # small blocks in float64; never lower the precision of float64 input
+    work = torch.float64 if a.shape[-1] <= float64_max or a.dtype == torch.float64 else torch.float32
     try:
         return torch.linalg.eigh(a.to(work))
     except RuntimeError:  # ill-conditioned input that the float32 solver did not converge on
@@ -31,19 +33,25 @@ def _zero_tol(evals: torch.Tensor, size: int, dtype: torch.dtype) -> torch.Tenso
     return lam_max * size * torch.finfo(dtype).eps, lam_max
 
 
-def spectral_fn(evals: torch.Tensor, p: float, damping: float, size: int, dtype: torch.dtype) -> torch.Tensor:
-    """f(x) = (x + damping * lambda_max)^p on the support, 0 off it."""
+def spectral_fn(evals: torch.Tensor, p: float, damping: float, size: int, dtype: torch.dtype,
+                absolute: bool = False) -> torch.Tensor:
+    """f(x) = (x + damping * lambda_max)^p on the support, 0 off it.
+
+    `absolute=True`: f(x) = (max(x, 0) + damping)^p everywhere (pseudo-inverse only if damping == 0).
+    """
     tol, lam_max = _zero_tol(evals, size, dtype)
+    if absolute and damping > 0:
+        return (evals.clamp_min(0) + damping).pow(p)
     keep = evals > tol
     shifted = torch.where(keep, evals + damping * lam_max, torch.ones_like(evals))
     return torch.where(keep, shifted.pow(p), torch.zeros_like(evals))
 
 
 def sym_power(a: torch.Tensor, p: float, damping: float = 0.0,
-              float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:
+              float64_max: int = FLOAT64_EIGH_MAX, *, absolute: bool = False) -> torch.Tensor:
     """A^p for a batch of symmetric PSD matrices (..., m, m), through eigh."""
     evals, evecs = _eigh(a, float64_max)
-    f = spectral_fn(evals, p, damping, a.shape[-1], a.dtype)
+    f = spectral_fn(evals, p, damping, a.shape[-1], a.dtype, absolute)
     return ((evecs * f.unsqueeze(-2)) @ evecs.transpose(-1, -2)).to(a.dtype)
 
 
@@ -77,3 +85,69 @@ def newton_schulz(x: torch.Tensor, steps: int = 5, coeffs: tuple[float, float, f
         poly = b * gram + c * gram @ gram
         y = a * y + poly @ y
     return y.transpose(-1, -2) if transpose else y
+
+
+def gram_power_apply(y: torch.Tensor, p: float, dim: int, damping: float = 0.0, *, absolute: bool = False,
+                     float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:
+    """(Y Y^T / dim)^p Y for Y (..., m, n) through the smaller Gram matrix (MATH.md §4).
+
+    f(Y Y^T) Y = Y f(Y^T Y) for every spectral function f, damping and pseudo-inverse included, so an
+    m x n block costs one min(m, n)-sized eigh.
+    """
+    yt = y.transpose(-1, -2)
+    if y.shape[-2] <= y.shape[-1]:
+        return sym_power((y @ yt) / dim, p, damping, float64_max, absolute=absolute) @ y
+    return y @ sym_power((yt @ y) / dim, p, damping, float64_max, absolute=absolute)
+
+
+def lowrank_power_apply(f: torch.Tensor, y: torch.Tensor, p: float, damping: float = 0.0, *,
+                        absolute: bool = False, float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:
+    """(F F^T)^p Y for a root F (..., m, r) with r < m, using only the r x r Gram of F.
+
+    With F^T F = W L W^T, (F F^T)^p = F W (g(L) / L) W^T F^T + g(0) (I - projector onto range F),
+    where g is the damped power; g(0) is 0 under pseudo-inverse semantics and damping^p for
+    absolute damping.
+    """
+    evals, evecs = _eigh(f.transpose(-1, -2) @ f, float64_max)
+    size = max(f.shape[-2], f.shape[-1])
+    g = spectral_fn(evals, p, damping, size, f.dtype, absolute)
+    tol, _ = _zero_tol(evals, size, f.dtype)
+    on = evals > tol
+    safe = torch.where(on, evals, torch.ones_like(evals))
+    fw = f @ evecs.to(f.dtype)                                   # columns F w_i, norms sqrt(L_i)
+    coef = fw.transpose(-1, -2) @ y                              # (w_i^T F^T) Y
+    g0 = (damping ** p) if (absolute and damping > 0) else 0.0
+    scale = torch.where(on, (g - g0) / safe, torch.zeros_like(g)).to(f.dtype)
+    return fw @ (scale.unsqueeze(-1) * coef) + g0 * y
+
+
+def inv_sqrt_newton_schulz(a: torch.Tensor, steps: int = 25, damping: float = 0.0, *,
+                           absolute: bool = False) -> torch.Tensor:
+    """(A + delta I)^{-1/2} for symmetric PSD A (..., m, m) by the coupled Newton–Schulz iteration.
+
+    Only matrix products, so it suits large blocks on accelerators. A is scaled by its Frobenius norm
+    (>= lambda_max) so the spectrum lies in (0, 1]; relative damping is taken against that norm.
+    Y_0 = A / c, Z_0 = I; T = (3 I - Z Y) / 2; Y <- Y T; Z <- T Z; then Z / sqrt(c) -> A^{-1/2}.
+    Eigenvalues below about 1.5^-steps of the norm are under-inverted (an implicit extra damping).
+    """
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    norm = a.norm(dim=(-2, -1), keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+    delta = damping if absolute else damping * norm
+    c = norm + delta
+    y = (a + delta * eye) / c
+    z = eye.expand_as(a)
+    for _ in range(steps):
+        t = 1.5 * eye - 0.5 * (z @ y)
+        y, z = y @ t, t @ z
+    return z / c.sqrt()
+
+
+def geometric_mean(a: torch.Tensor, b: torch.Tensor, float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:
+    """A # B = A^{1/2} (A^{-1/2} B A^{-1/2})^{1/2} A^{1/2} for symmetric positive definite A, PSD B.
+
+    The unique positive solution X of X A^{-1} X = B (MATH.md §3, the "taylor" estimator).
+    """
+    half, ihalf = sym_power(a, 0.5, 0.0, float64_max), sym_power(a, -0.5, 0.0, float64_max)
+    inner = ihalf @ b @ ihalf
+    inner = (inner + inner.transpose(-1, -2)) / 2
+    return half @ sym_power(inner, 0.5, 0.0, float64_max) @ half

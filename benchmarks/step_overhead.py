@@ -1,0 +1,198 @@
+"""Per-step optimizer overhead on GPT-shaped parameters (symo.models.gpt_bench: 6 layers, d_model 384).
+
+Random gradients are written into `.grad` (no forward/backward), so the numbers are the optimizer's own
+cost: median seconds per `step()` after warm-up, as ratios to AdamW and to Muon measured in the same
+run, and the bytes held in optimizer-state tensors.
+
+    python benchmarks/step_overhead.py             # full run (a few minutes on 2 CPU cores)
+    python benchmarks/step_overhead.py --quick     # smoke run
+    python benchmarks/step_overhead.py --steps 20 --no-compile --device cuda
+
+Optimizers: torch AdamW (all parameters); the reference Muon (tests/references.py, the published
+algorithm) on the hidden matrices + torch AdamW on the rest; Symo with specs/gpt_muon.toml (Muon-style,
+eager and torch.compile'd); Symo with specs/gpt.toml (per-head gauges); the reference Shampoo (float64
+eigh every step, as published) on the hidden matrices + AdamW. The table goes to stdout and to
+benchmarks/results/step_overhead.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from symo.models import gpt_bench  # noqa: E402
+from symo.optim import Symo  # noqa: E402
+
+
+def _references():
+    spec = importlib.util.spec_from_file_location("symo_test_references", ROOT / "tests" / "references.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
+    """Muon's set: 2-D weights inside the transformer blocks (not embeddings / lm_head)."""
+    return p.ndim == 2 and ".h." in name
+
+
+def state_bytes(*opts: torch.optim.Optimizer) -> int:
+    def walk(v):
+        if torch.is_tensor(v):
+            yield v
+        elif isinstance(v, dict):
+            for x in v.values():
+                yield from walk(x)
+
+    return sum(t.numel() * t.element_size() for o in opts for v in o.state.values() for t in walk(v))
+
+
+class Combo:
+    """Several torch optimizers stepped together (Muon / Shampoo + AdamW for the rest)."""
+
+    def __init__(self, *opts: torch.optim.Optimizer) -> None:
+        self.opts = opts
+
+    def step(self) -> None:
+        for o in self.opts:
+            o.step()
+
+
+def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Module], object]]:
+    adam_kw = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+
+    def split(model):
+        named = list(model.named_parameters())
+        return ([p for n, p in named if _is_hidden_matrix(n, p)],
+                [p for n, p in named if not _is_hidden_matrix(n, p)])
+
+    makers = {
+        "AdamW (torch)": lambda m: torch.optim.AdamW(m.parameters(), **adam_kw),
+        "Muon (reference) + AdamW": lambda m: Combo(refs.ReferenceMuon(split(m)[0], lr=0.02),
+                                                    torch.optim.AdamW(split(m)[1], **adam_kw)),
+        "Symo Muon-style (gpt_muon.toml)": lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt_muon.toml",
+                                                           lr=0.02, update_scale="muon"),
+        "Symo per-head (gpt.toml)": lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt.toml", lr=1e-3),
+    }
+    if compile_step:
+        makers["Symo Muon-style, torch.compile"] = lambda m: Symo(
+            m.named_parameters(), ROOT / "specs" / "gpt_muon.toml", lr=0.02, update_scale="muon", compile=True)
+    makers["Shampoo (reference) + AdamW"] = lambda m: Combo(refs.ReferenceShampoo(split(m)[0], lr=1e-3, eps=1e-12),
+                                                            torch.optim.AdamW(split(m)[1], **adam_kw))
+    return makers
+
+
+def one_step(model: torch.nn.Module, opt, grads: list[torch.Tensor], sync: Callable[[], None]) -> float:
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g
+    sync()
+    start = time.perf_counter()
+    opt.step()
+    sync()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per optimizer (median reported)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="3 timed steps, 1 warm-up, Shampoo 1 step")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd Symo step")
+    ap.add_argument("--shampoo-steps", type=int, default=2, help="timed steps for the (slow) Shampoo")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "step_overhead.md"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup, args.shampoo_steps = 3, 1, 1
+    device = torch.device(args.device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    refs = _references()
+
+    torch.manual_seed(0)
+    base = gpt_bench().to(device)
+    gen = torch.Generator(device=device).manual_seed(1)
+    grads = [[0.01 * torch.randn(p.shape, generator=gen, device=device) for p in base.parameters()]
+             for _ in range(3)]
+    n_params = sum(p.numel() for p in base.parameters())
+    # every optimizer gets its own copy of the model; after warm-up they are timed in interleaved
+    # rounds, so background load on a shared machine hits them all alike
+    runs, results = {}, {}
+    for name, make in make_optimizers(not args.no_compile, refs).items():
+        model = copy.deepcopy(base)
+        try:
+            opt = make(model)
+            start = time.perf_counter()
+            for i in range(1 if name.startswith("Shampoo") else args.warmup):
+                one_step(model, opt, grads[i % 3], sync)
+            warm = time.perf_counter() - start
+        except Exception as exc:  # e.g. torch.compile without a working C++ toolchain
+            results[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"}
+            print(f"{name}: FAILED ({results[name]['error']})", flush=True)
+            continue
+        inner = opt.opts if isinstance(opt, Combo) else (opt,)
+        runs[name] = (model, opt, [])
+        results[name] = {"warmup_s": warm, "bytes": state_bytes(*inner)}
+        print(f"{name}: warm-up {warm:.1f} s", flush=True)
+    for r in range(args.steps):
+        for name, (model, opt, times) in runs.items():
+            if name.startswith("Shampoo") and r >= args.shampoo_steps:
+                continue
+            times.append(one_step(model, opt, grads[r % 3], sync))
+    for name, (_, _, times) in runs.items():
+        results[name].update(median=statistics.median(times), min=min(times), steps=len(times))
+        print(f"{name}: {results[name]['median'] * 1e3:.1f} ms/step", flush=True)
+
+    adam = results["AdamW (torch)"]["median"]
+    muon = results["Muon (reference) + AdamW"]["median"]
+    adam_bytes = results["AdamW (torch)"]["bytes"]
+    rows = ["| optimizer | median ms/step | min ms | x AdamW | x Muon | state MB | state / AdamW | steps |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        if "error" in r:
+            rows.append(f"| {name} | failed: {r['error']} | | | | | | |")
+            continue
+        rows.append(f"| {name} | {r['median'] * 1e3:.1f} | {r['min'] * 1e3:.1f} | {r['median'] / adam:.2f} | "
+                    f"{r['median'] / muon:.2f} | {r['bytes'] / 2**20:.1f} | {r['bytes'] / adam_bytes:.2f} | "
+                    f"{r['steps']} |")
+    notes = []
+    if "Symo Muon-style, torch.compile" in results and "error" not in results["Symo Muon-style, torch.compile"]:
+        notes.append(f"torch.compile warm-up (compilation included): "
+                     f"{results['Symo Muon-style, torch.compile']['warmup_s']:.1f} s")
+    sym = results.get("Symo Muon-style (gpt_muon.toml)", {})
+    if "median" in sym:
+        notes.append(f"target: Symo Muon-style <= 1.15x Muon -> {sym['median'] / muon:.2f}x; "
+                     f"state <= AdamW -> {sym['bytes'] / adam_bytes:.2f}x")
+    header = [
+        "# Optimizer step overhead (benchmarks/step_overhead.py)",
+        "",
+        "Command: `" + " ".join(["python", f"benchmarks/{Path(__file__).name}",
+                                 *(sys.argv[1:] if argv is None else argv)]) + "`",
+        f"Machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"device {device}, torch {torch.__version__}; model gpt_bench ({n_params / 1e6:.2f} M parameters), "
+        f"float32, random gradients; median over timed steps after {args.warmup} warm-up step(s) "
+        f"(Shampoo: {args.shampoo_steps} step(s) after 1).",
+        "",
+    ]
+    text = "\n".join(header + rows + [""] + [f"- {n}" for n in notes]) + "\n"
+    print()
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()

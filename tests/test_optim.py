@@ -1,0 +1,473 @@
+"""`symo.optim.Symo` against independently written references (tests/references.py) and closed forms.
+
+MATH.md §4 cases: 1 (Muon), 3 (hidden-to-hidden), 4 (factored gauge), 5 (Shampoo). float64 unless
+said. Everything here is small: the file runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from symo.compiled import NonFiniteGradientError
+from symo.linalg import geometric_mean, inv_sqrt_newton_schulz, sym_power
+from symo.models import MLP, Factored
+from symo.optim import Symo, SymoConfig, _fast_directions_static
+
+sys.path.insert(0, str(Path(__file__).parent))
+from references import ReferenceMuon, ReferenceShampoo  # noqa: E402
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+MUON, ROWS, COLS = SPECS / "muon.toml", SPECS / "shampoo_rows.toml", SPECS / "shampoo_cols.toml"
+FACTORED, HIDDEN = SPECS / "factored.toml", SPECS / "hidden_hidden.toml"
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def regression(model: torch.nn.Module, dtype: torch.dtype = torch.float64, seed: int = 1):
+    """A fixed least-squares loss for a 3-layer MLP with 8 inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(32, 8, generator=gen, dtype=dtype)
+    y = torch.randn(32, model.fc3.out_features, generator=gen, dtype=dtype)
+    return lambda: ((model(x) - y) ** 2).mean()
+
+
+def train(model, opts, loss_fn, steps: int) -> None:
+    for _ in range(steps):
+        for o in opts:
+            o.zero_grad()
+        loss_fn().backward()
+        for o in opts:
+            o.step()
+
+
+def one_step_update(model, opt, loss_fn) -> dict[str, torch.Tensor]:
+    """-(w_1 - w_0) / lr for every parameter (one step, lr from the first group)."""
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train(model, [opt], loss_fn, 1)
+    lr = opt.param_groups[0]["lr"]
+    return {n: (before[n] - p.detach()) / lr for n, p in model.named_parameters()}
+
+
+# ------------------------------------------------------------------------------------------ Muon
+def test_muon_newton_schulz_matches_reference_muon():
+    """float32, Nesterov, Muon's quintic and scale: 10 steps against ReferenceMuon + torch AdamW."""
+    torch.manual_seed(0)
+    m1 = MLP((8, 16, 12, 4))
+    m2 = copy.deepcopy(m1)
+    opt = Symo(m1.named_parameters(), MUON, lr=0.02, backend="newton_schulz", update_scale="muon",
+               weight_decay=0.01, adamw_lr=0.01, adamw_wd=0.01)
+    assert opt.assignment == {"fc1.weight": "symo", "fc1.bias": "adamw", "fc2.weight": "symo",
+                              "fc2.bias": "adamw", "fc3.weight": "symo", "fc3.bias": "adamw"}
+    assert "AdamW: fc1.bias, fc2.bias, fc3.bias" in opt.describe()
+    weights = [p for n, p in m2.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in m2.named_parameters() if n.endswith("bias")]
+    refs = [ReferenceMuon(weights, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.01),
+            torch.optim.AdamW(biases, lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)]
+    train(m1, [opt], regression(m1, torch.float32), 10)
+    train(m2, refs, regression(m2, torch.float32), 10)
+    for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert rel(a.detach(), b.detach()) < 1e-6, n
+
+
+def test_muon_exact_backend_is_scaled_polar_factor():
+    """eigh backend, natural scale, no momentum or damping: the update is sqrt(rows) U V^T."""
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4)).double()
+    loss_fn = regression(model)
+    loss_fn().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    opt = Symo(model.named_parameters(), MUON, lr=0.1, backend="eigh", beta1=0.0, damping=0.0)
+    upd = one_step_update(model, opt, loss_fn)
+    for n in ("fc1.weight", "fc2.weight", "fc3.weight"):
+        u, _, vh = torch.linalg.svd(grads[n], full_matrices=False)
+        expected = math.sqrt(grads[n].shape[0]) * u @ vh
+        assert rel(upd[n], expected) < 1e-10, n
+
+
+# ------------------------------------------------------------------------------------------ Shampoo
+def _shampoo_pair(one_sided: bool, beta2: float | None, eps: float, shapes=(8, 16, 12, 4)):
+    torch.manual_seed(0)
+    m1 = MLP(shapes, bias=False).double()
+    m2 = copy.deepcopy(m1)
+    ref = ReferenceShampoo(m2.parameters(), lr=0.01, eps=eps, beta2=beta2,
+                           bias_correction=beta2 is not None, one_sided=one_sided)
+    return m1, m2, ref
+
+
+@pytest.mark.parametrize("beta2", [None, 0.9])
+def test_one_sided_shampoo(beta2):
+    """Rows spec accumulated (sum or bias-corrected EMA), power -1/2: G (R + eps)^{-1/2}.
+
+    S = R / rows, so absolute damping eps / rows gives sqrt(rows) (R + eps)^{-1/2}: every layer has 12
+    rows, and the groups' lr / sqrt(12) divides the natural scale out (per-group options at work).
+    """
+    rows, eps = 12, 1e-6
+    m1, m2, ref = _shampoo_pair(True, beta2, eps, shapes=(8, rows, rows, rows))
+    groups = [{"params": [(n, p)], "lr": 0.01 / math.sqrt(p.shape[0])} for n, p in m1.named_parameters()]
+    opt = Symo(groups, ROWS, beta1=0.0, beta2=1.0 if beta2 is None else beta2, source="gradient",
+               damping=eps / rows, damping_mode="absolute", backend="eigh")
+    train(m1, [opt], regression(m1), 10)
+    train(m2, [ref], regression(m2), 10)
+    for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert rel(a.detach(), b.detach()) < 1e-5, n
+
+
+@pytest.mark.parametrize("beta2", [None, 0.9])
+def test_two_sided_shampoo_square_with_damping(beta2):
+    """Geometric mean of the rows and columns specs: L^{-1/4} G R^{-1/4} with a real epsilon.
+
+    Square n x n layers: S1 = R / n, S2 = L / n, so absolute damping eps / n on each reproduces
+    (L + eps)^{-1/4} G (R + eps)^{-1/4} exactly, and the muon scale divides out n^{1/4} n^{1/4}.
+    """
+    n, eps = 10, 1e-3
+    m1, m2, ref = _shampoo_pair(False, beta2, eps, shapes=(8, n, n, n))
+    m1.fc1.weight.requires_grad_(False)  # 10 x 8 is not square: leave it out of the comparison
+    m2.fc1.weight.requires_grad_(False)
+    opt = Symo(m1.named_parameters(), ROWS, lr=0.01, geometric_mean_with=COLS, beta1=0.0,
+               beta2=1.0 if beta2 is None else beta2, source="gradient", damping=eps / n,
+               damping_mode="absolute", update_scale="muon")
+    assert "# 'Shampoo column group (left factor)'" in opt.describe()
+    train(m1, [opt], regression(m1), 10)
+    train(m2, [ref], regression(m2), 10)
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert rel(a.detach(), b.detach()) < 1e-5, name
+
+
+def test_two_sided_shampoo_rectangular():
+    """Rectangular layers, negligible epsilon: natural scale (rows cols)^{1/4}, divided out per group."""
+    eps = 1e-15
+    m1, m2, ref = _shampoo_pair(False, None, eps)
+    groups = [{"params": [(n, p)], "lr": 0.01 / (p.shape[0] * p.shape[1]) ** 0.25}
+              for n, p in m1.named_parameters()]
+    opt = Symo(groups, ROWS, geometric_mean_with=COLS, beta1=0.0, beta2=1.0, source="gradient",
+               damping=eps, damping_mode="absolute")
+    train(m1, [opt], regression(m1), 10)
+    train(m2, [ref], regression(m2), 10)
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert rel(a.detach(), b.detach()) < 1e-5, name
+
+
+# ------------------------------------------------------------------------------------------ gauge
+def _sensing(m=10, n=8, k=3, count=60, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(count, m, n, generator=gen, dtype=torch.float64)
+    target = torch.randn(m, k, generator=gen, dtype=torch.float64) @ torch.randn(k, n, generator=gen,
+                                                                                    dtype=torch.float64)
+    y = torch.einsum("imn,mn->i", a, target)
+    return lambda model: ((torch.einsum("imn,mn->i", a, model()) - y) ** 2).mean()
+
+
+def test_factored_update_is_gram_determined():
+    """One step: sqrt(k) (Y Y^T)^{-1/2} Y with Y = [G_U; G_V], pseudo-inverse by a dense eigh."""
+    torch.manual_seed(0)
+    model = Factored(10, 8, 3).double()
+    loss = _sensing()
+    loss(model).backward()
+    y = torch.cat([model.U.grad, model.V.grad]).clone()
+    model.zero_grad()
+    opt = Symo(model.named_parameters(), FACTORED, lr=0.1, beta1=0.0, damping=0.0)
+    upd = one_step_update(model, opt, lambda: loss(model))
+    evals, evecs = torch.linalg.eigh(y @ y.T)
+    keep = evals > 1e-10 * evals.max()
+    inv_sqrt = (evecs[:, keep] * evals[keep].rsqrt()) @ evecs[:, keep].T
+    expected = math.sqrt(3) * inv_sqrt @ y
+    assert rel(torch.cat([upd["U"], upd["V"]]), expected) < 1e-10
+
+
+def test_factored_gauge_equivariance_and_adam_is_not():
+    """(U Q, V Q) trains to exactly (U_t Q, V_t Q) under Symo; Adam's iterates leave the orbit."""
+    loss = _sensing()
+    torch.manual_seed(0)
+    base = Factored(10, 8, 3).double()
+    q, _ = torch.linalg.qr(torch.randn(3, 3, dtype=torch.float64))
+    twin = copy.deepcopy(base)
+    with torch.no_grad():
+        twin.U.copy_(base.U @ q)
+        twin.V.copy_(base.V @ q)
+
+    def run(model, make):
+        opt = make(model)
+        train(model, [opt], lambda: loss(model), 20)
+        return model.U.detach(), model.V.detach()
+
+    def symo(m):
+        return Symo(m.named_parameters(), FACTORED, lr=0.05, beta2=0.9)
+
+    u0, v0 = run(copy.deepcopy(base), symo)
+    u1, v1 = run(copy.deepcopy(twin), symo)
+    assert rel(u0, base.U.detach()) > 1e-2  # it trained
+    assert rel(u1, u0 @ q) < 1e-10 and rel(v1, v0 @ q) < 1e-10
+
+    def adam(m):
+        return torch.optim.Adam(m.parameters(), lr=0.05)
+
+    a0, b0 = run(copy.deepcopy(base), adam)
+    a1, b1 = run(copy.deepcopy(twin), adam)
+    assert rel(a1, a0 @ q) > 1e-2
+
+
+def test_hidden_to_hidden_is_normalised_gradient():
+    """Both sides signed_perm: sqrt(h1 h2) G / ||G|| for every weight matrix."""
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4)).double()
+    loss_fn = regression(model)
+    loss_fn().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    opt = Symo(model.named_parameters(), HIDDEN, lr=0.1, beta1=0.0, damping=0.0)
+    upd = one_step_update(model, opt, loss_fn)
+    for n in ("fc1.weight", "fc2.weight", "fc3.weight"):
+        g = grads[n]
+        assert rel(upd[n], math.sqrt(g.numel()) * g / g.norm()) < 1e-12, n
+
+
+# ------------------------------------------------------------------------------------------ estimators
+def test_taylor_reduces_to_gradient_estimator_when_weights_are_isotropic():
+    """W^T W = s^2 I gives S_w = c I with c = s^2 / rows, so H = (S_g / c)^{1/2}: the taylor update is
+    sqrt(c) times the gradient estimator's (MATH.md §3)."""
+    torch.manual_seed(0)
+    model = MLP((4, 8, 8, 8), bias=False).double()
+    scales = {}
+    with torch.no_grad():
+        for i, (n, p) in enumerate(model.named_parameters()):
+            q, _ = torch.linalg.qr(torch.randn(p.shape[0], p.shape[1], dtype=torch.float64))
+            p.copy_((0.5 + i) * q)
+            scales[n] = (0.5 + i) ** 2 / p.shape[0]
+    x = torch.randn(32, 4, dtype=torch.float64)  # full-rank, well-conditioned gradients
+    updates = {}
+    for estimator in ("gradient", "taylor"):
+        m = copy.deepcopy(model)
+        opt = Symo(m.named_parameters(), MUON, lr=0.1, beta1=0.0, beta2=0.5, damping=0.0,
+                   backend="eigh", estimator=estimator)
+        updates[estimator] = one_step_update(m, opt, lambda m=m: m(x).square().sum())
+    for n, c in scales.items():
+        assert rel(updates["taylor"][n], math.sqrt(c) * updates["gradient"][n]) < 1e-7, n
+
+
+def test_geometric_mean_solves_riccati():
+    gen = torch.Generator().manual_seed(0)
+    x, z = torch.randn(5, 5, generator=gen, dtype=torch.float64), torch.randn(5, 5, generator=gen,
+                                                                                 dtype=torch.float64)
+    a, b = x @ x.T + 0.1 * torch.eye(5, dtype=torch.float64), z @ z.T
+    h = geometric_mean(torch.linalg.inv(a), b)   # H = A^{-1} # B solves H A H = B
+    assert rel(h @ a @ h, b) < 1e-10 and rel(h, h.T) < 1e-12
+
+
+def test_inverse_root_newton_schulz_matches_eigh():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 12, 30, generator=gen, dtype=torch.float64)
+    a = x @ x.transpose(-1, -2) / 30
+    for absolute in (False, True):
+        exact = sym_power(a, -0.5, 1e-2, absolute=absolute) if absolute else None
+        approx = inv_sqrt_newton_schulz(a, 40, 1e-2, absolute=absolute)
+        if absolute:
+            assert rel(approx, exact) < 1e-10
+        assert rel(approx @ approx @ (a + _ns_shift(a, 1e-2, absolute)), torch.eye(12).expand(3, 12, 12)) < 1e-8
+
+
+def _ns_shift(a, damping, absolute):
+    eye = torch.eye(a.shape[-1], dtype=a.dtype)
+    return damping * eye if absolute else damping * a.norm(dim=(-2, -1), keepdim=True) * eye
+
+
+def test_newton_schulz_backend_for_stored_statistics():
+    """beta2 > 0 with the coupled Newton–Schulz inverse root agrees with eigh (absolute damping)."""
+    torch.manual_seed(0)
+    m1 = MLP((8, 16, 12, 4)).double()
+    m2 = copy.deepcopy(m1)
+    kw = dict(lr=0.01, beta2=0.9, damping=1e-4, damping_mode="absolute")
+    o1 = Symo(m1.named_parameters(), MUON, backend="eigh", **kw)
+    o2 = Symo(m2.named_parameters(), MUON, backend="newton_schulz", ns_inverse_steps=40, **kw)
+    train(m1, [o1], regression(m1), 3)
+    train(m2, [o2], regression(m2), 3)
+    for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert rel(b.detach(), a.detach()) < 1e-8, n
+
+
+# ------------------------------------------------------------------------------------------ torch API
+@pytest.mark.parametrize("dtype,options", [
+    (torch.float32, dict(backend="newton_schulz", update_scale="muon")),
+    (torch.bfloat16, dict(beta2=0.95, precondition_frequency=3, update_scale="adamw")),
+    (torch.float64, dict(beta2=0.9, geometric_mean_with=COLS, source="gradient")),
+])
+def test_state_dict_round_trip_continues_bit_identically(dtype, options):
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4)).to(dtype)
+    twin = copy.deepcopy(model)
+    make = lambda m: Symo(m.named_parameters(), MUON, lr=0.01, **options)  # noqa: E731
+    opt = make(model)
+    train(model, [opt], regression(model, dtype), 4)
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, saved)
+    train(model, [opt], regression(model, dtype), 6)            # the uninterrupted run
+
+    saved.seek(0)
+    ckpt = torch.load(saved, weights_only=False)
+    twin.load_state_dict(ckpt["model"])
+    opt2 = make(twin)
+    opt2.load_state_dict(ckpt["opt"])
+    train(twin, [opt2], regression(twin, dtype), 6)
+    for (n, a), b in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(a, b), n
+    bufs = [opt2.state[p]["momentum_buffer"] for p in twin.parameters() if "momentum_buffer" in opt2.state[p]]
+    assert bufs and all(b.dtype == torch.promote_types(dtype, torch.float32) for b in bufs)
+
+
+def test_bfloat16_trains_with_float32_statistics():
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4)).to(torch.bfloat16)
+    opt = Symo(model.named_parameters(), MUON, lr=0.02, beta2=0.9, update_scale="muon", adamw_lr=1e-2)
+    loss_fn = regression(model, torch.bfloat16)
+    first = float(loss_fn().detach())
+    train(model, [opt], loss_fn, 20)
+    assert float(loss_fn().detach()) < first
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(st["ema"].dtype == torch.float32 for st in opt.state["symo_blocks"].values())
+    assert all(opt.state[p]["exp_avg"].dtype == torch.float32 for p in (model.fc1.bias, model.fc2.bias))
+
+
+def test_lr_scheduler_scales_both_kinds_of_group():
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4)).double()
+    opt = Symo(model.named_parameters(), MUON, lr=0.02, adamw_lr=0.001)
+    assert [g["kind"] for g in opt.param_groups] == ["symo", "adamw"]
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.5 ** t)
+    loss_fn = regression(model)
+    for _ in range(3):
+        opt.zero_grad()
+        loss_fn().backward()
+        opt.step()
+        sched.step()
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.02 / 8, 0.001 / 8])
+
+
+def test_frozen_and_gradient_less_parameters_and_closure():
+    torch.manual_seed(0)
+    # a frozen block-mate: V has no gradient, U's block treats G_V as zero
+    model = Factored(10, 8, 3).double()
+    model.V.requires_grad_(False)
+    v0 = model.V.detach().clone()
+    loss = _sensing()
+    opt = Symo(model.named_parameters(), FACTORED, lr=0.1, beta1=0.0, damping=0.0)
+    loss(model).backward()
+    g = model.U.grad.clone()
+    u0 = model.U.detach().clone()
+
+    def closure():
+        opt.zero_grad()
+        value = loss(model)
+        value.backward()
+        return value
+
+    assert float(opt.step(closure).detach()) > 0  # the closure's loss comes back
+    evals, evecs = torch.linalg.eigh(g @ g.T)
+    keep = evals > 1e-10 * evals.max()
+    expected = math.sqrt(3) * (evecs[:, keep] * evals[keep].rsqrt()) @ evecs[:, keep].T @ g
+    assert rel((u0 - model.U.detach()) / 0.1, expected) < 1e-10
+    assert torch.equal(model.V, v0) and model.V not in opt.state
+
+    # parameters the loss does not touch: no gradient, no update, no state
+    mlp = MLP((8, 16, 12, 4)).double()
+    fc3 = {n: p.detach().clone() for n, p in mlp.fc3.named_parameters()}
+    opt = Symo(mlp.named_parameters(), MUON, lr=0.01)
+    x = torch.randn(5, 8, dtype=torch.float64)
+    for _ in range(2):
+        opt.zero_grad()
+        mlp.fc2(torch.tanh(mlp.fc1(x))).square().sum().backward()
+        opt.step()
+    assert all(torch.equal(p, fc3[n]) for n, p in mlp.fc3.named_parameters())
+    assert all(p not in opt.state for p in mlp.fc3.parameters())
+
+
+def test_non_finite_gradient_names_the_parameter():
+    model = MLP((8, 16, 12, 4)).double()
+    opt = Symo(model.named_parameters(), MUON, lr=0.01)
+    regression(model)().backward()
+    model.fc2.weight.grad[0, 0] = float("nan")
+    with pytest.raises(NonFiniteGradientError, match="fc2.weight"):
+        opt.step()
+    model.fc2.weight.grad[0, 0] = 0.0
+    model.fc3.bias.grad[0] = float("inf")
+    with pytest.raises(NonFiniteGradientError, match="fc3.bias"):
+        opt.step()
+
+
+def test_muon_hot_path_traces_as_one_graph():
+    """torch.compile(fullgraph=True) of momentum -> coordinates -> polar -> scatter (dynamo only)."""
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4))
+    opt = Symo(model.named_parameters(), MUON, lr=0.02, backend="newton_schulz")
+    names = opt.compiled.param_names
+    shapes = dict(model.named_parameters())
+    grads = [torch.randn_like(shapes[n]) for n in names]
+    args = (names, grads)
+    compiled = torch.compile(_fast_directions_static, fullgraph=True, backend="eager")
+    out = compiled(opt, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3)
+    ref = _fast_directions_static(opt, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3)
+    assert all(torch.equal(out[n], ref[n]) for n in names)
+
+
+def test_config_validation_and_group_options():
+    assert SymoConfig().beta2 == 0.0 and SymoConfig().power == -0.5
+    model = MLP((8, 16, 12, 4))
+    with pytest.raises(ValueError, match="newton_schulz"):
+        Symo(model.named_parameters(), MUON, backend="newton_schulz", power=-0.25)
+    with pytest.raises(ValueError, match="per-group options"):
+        Symo([{"params": list(model.named_parameters()), "beta2": 0.9}], MUON)
+    with pytest.raises(TypeError, match="named parameters"):
+        Symo(model.parameters(), MUON)
+
+
+PERM_SPEC = """
+[spaces]
+h1 = "perm"
+h2 = "perm"
+[params]
+"fc1.weight" = ["h1", "_"]
+"fc1.bias" = ["h1"]
+"fc2.weight" = ["h2", "h1"]
+"fc2.bias" = ["h2"]
+"fc3.weight" = ["_", "h2"]
+"fc3.bias" = ["_"]
+"""
+
+
+@pytest.mark.parametrize("options", [dict(), dict(beta2=0.9, estimator="taylor", damping=1e-4),
+                                     dict(beta2=0.99, precondition_frequency=2)])
+def test_parsed_and_compiled_spec_inputs_with_perm_trivial_block(options):
+    """perm spaces couple layers and give a trivial block (MATH.md §4 case 2); taylor falls back to
+    S_g there. A parsed Spec and a CompiledSpec are both accepted."""
+    import symo
+
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4)).double()
+    spec = symo.parse_spec(PERM_SPEC)
+    compiled = symo.compile(spec, model, disk_cache=False)
+    assert "trivial" in [b.name for b in compiled.blocks]
+    for s in (spec, compiled):
+        m = copy.deepcopy(model)
+        opt = Symo(m.named_parameters(), s, lr=1e-2, **options)
+        assert set(opt.assignment.values()) == {"symo"}
+        loss_fn = regression(m)
+        first = float(loss_fn().detach())
+        train(m, [opt], loss_fn, 10)
+        assert float(loss_fn().detach()) < first
+
+
+def test_adamw_update_scale_has_rms_target():
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4)).double()
+    opt = Symo(model.named_parameters(), MUON, lr=0.1, beta1=0.0, update_scale="adamw", adamw_rms=0.2)
+    upd = one_step_update(model, opt, regression(model))
+    for n in ("fc1.weight", "fc2.weight", "fc3.weight"):
+        assert float(upd[n].square().mean().sqrt()) == pytest.approx(0.2, rel=1e-10), n
