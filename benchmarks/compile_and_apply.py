@@ -102,7 +102,7 @@ def main() -> None:
         return g @ ((evecs * evals.clamp_min(1e-30).rsqrt()) @ evecs.T)
 
     # accuracy of both against the float64 polar factor U V^T (float32 Grams lose the smallest
-    # singular directions; Symo zeroes eigenvalues below m * eps * lambda_max, see symo/linalg.py)
+    # singular directions; Symo zeroes eigenvalues below 8 sqrt(m) eps lambda_max, see symo/linalg.py)
     u, _, vh = torch.linalg.svd(g.double())
     polar = u @ vh
     err_symo = ((symo_path() / n ** 0.5).double() - polar).norm() / polar.norm()
