@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import linecache
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,21 +35,31 @@ __all__ = [
 
 @dataclass(frozen=True)
 class GeneratedModule:
-    """The compiled artefact: generated source, where it lives, and its executed namespace."""
+    """The compiled artefact: generated source, where it lives, and its namespace bound to sizes.
+
+    `key` names the source (spec + layout, no sizes: one source serves every width); the namespace
+    is the source executed with this model's sizes."""
 
     key: str
     source: str
     path: Path | None
     namespace: dict[str, Any]
     bound: BoundSpec
-    from_cache: str  # "memory", "disk" or "built"
+    from_cache: str  # where the source came from: "memory", "disk" or "built"
 
 
-_MEMORY: dict[str, GeneratedModule] = {}
+@dataclass
+class _Entry:
+    source: str
+    namespaces: dict[tuple, dict[str, Any]]  # sizes -> executed module
+
+
+_MEMORY: dict[str, _Entry] = {}
 
 
 def cache_key(spec: Spec, bound: BoundSpec) -> str:
-    text = f"v{CODEGEN_VERSION}|{spec.canonical()}|{bound.key_material()}"
+    """Content address of the generated source: spec text (canonical) and layout, never sizes."""
+    text = f"v{CODEGEN_VERSION}|{bound.name}|{spec.canonical()}|{bound.layout_material()}"
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -57,29 +69,35 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
     shapes leave open (see `bind`). Nothing is cached from a failed compile."""
     bound = bind(spec, shapes_of(shapes), sizes)
     key = cache_key(spec, bound)
+    values = bound.sizes
+    binding = tuple(sorted(values.items()))
     disk = _disk(cache_dir) if disk_cache else None
-    hit = _MEMORY.get(key)
-    if hit is not None:
-        path = None
+    entry = _MEMORY.get(key)
+    path = None
+    if entry is not None:
+        origin = "memory"
         if disk is not None and disk.usable:  # honour this call's disk settings, not the first call's
-            path = disk.path(key) if disk.load(key) == hit.source else disk.store(key, hit.source)
-        return GeneratedModule(hit.key, hit.source, path, hit.namespace, bound, "memory")
-    source = disk.load(key) if disk else None
-    origin = "disk"
-    if source is not None:
-        try:
-            namespace = _execute(source, disk.path(key))
-        except Exception:  # an entry from an older codegen that no longer runs: rebuild it
-            source = None
-    if source is None:
-        source = generate(derive_structure(bound), key).source
-        path = disk.store(key, source) if disk else None
-        namespace = _execute(source, path or Path(f"<symo-generated-{key[:12]}>"))
-        origin = "built"
-    path = disk.path(key) if disk and disk.usable else None
-    module = GeneratedModule(key, source, path, namespace, bound, origin)
-    _MEMORY[key] = module
-    return module
+            path = disk.path(key) if disk.load(key) == entry.source else disk.store(key, entry.source)
+    else:
+        source = disk.load(key) if disk else None
+        origin = "disk"
+        if source is not None:
+            path = disk.path(key)
+            try:
+                namespace = _execute(source, path, values)
+            except Exception:  # an entry from an older codegen that no longer runs: rebuild it
+                source = None
+        if source is None:
+            source = generate(derive_structure(bound), key).source
+            path = disk.store(key, source) if disk else None
+            namespace = _execute(source, path or Path(f"<symo-generated-{key[:12]}>"), values)
+            origin = "built"
+        entry = _MEMORY[key] = _Entry(source, {binding: namespace})
+    namespace = entry.namespaces.get(binding)
+    if namespace is None:  # a new width for a known layout: bind the same source again
+        namespace = entry.namespaces[binding] = _execute(entry.source, path or Path(f"<symo-generated-{key[:12]}>"),
+                                                         values)
+    return GeneratedModule(key, entry.source, path, namespace, bound, origin)
 
 
 _DISKS: dict[Path, DiskCache] = {}
@@ -93,10 +111,15 @@ def _disk(cache_dir: str | Path | None) -> DiskCache:
     return _DISKS[path]
 
 
-def _execute(source: str, path: Path) -> dict[str, Any]:
+def _execute(source: str, path: Path, sizes: dict[str, int]) -> dict[str, Any]:
     filename = str(path)
     # register the text so tracebacks and inspect show generated lines even without a disk cache
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict[str, Any] = {"__name__": f"symo_generated_{path.stem}"}
-    exec(compile(source, filename, "exec"), namespace)
-    return namespace
+    # a real, importable module per (source, sizes): torch.compile resolves globals through sys.modules
+    tag = hashlib.sha256(f"{filename}|{sorted(sizes.items())}".encode()).hexdigest()[:12]
+    module = types.ModuleType(f"symo_generated_{tag}")
+    module.__file__ = filename
+    module.N = dict(sizes)
+    exec(compile(source, filename, "exec"), module.__dict__)
+    sys.modules[module.__name__] = module
+    return module.__dict__

@@ -8,15 +8,14 @@ the space). All components of one label stack into Y_lambda (multiplicity x widt
 
     S_g on lambda = (Y Y^T / d_lambda) (x) I,   d_lambda = prod (n - 1 for std, n for nat).
 
-sympy keeps d_lambda and the trivial-piece normalisers as expressions in the space sizes, so the
-structure is written once for all widths and only evaluated at the bound sizes.
+Every size (d_lambda, multiplicities, row offsets, the trivial-piece normalisers 1/sqrt(n)) is a
+sympy expression in size symbols, never a number: the structure, and the code generated from it,
+serve every width; sizes are bound only when the generated module is loaded.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-import re
 from dataclasses import dataclass
 
 import sympy
@@ -32,33 +31,34 @@ class Component:
 
     `pieces[k]` is the piece chosen for atom k (None for multiplicity atoms); after contracting the
     trivial atoms, the remaining atoms are permuted by `order` into (batch, multiplicity, columns).
+    Every size is a sympy expression in the size symbols (n_<space>, f<param>_<axis>_<segment>).
     """
 
     param: str
     block: int
     pieces: tuple[str | None, ...]
     order: tuple[int, ...]
-    batch_shape: tuple[int, ...]
-    mult_shape: tuple[int, ...]
-    col_shape: tuple[int, ...]
-    row_offset: int
-    rows: int
+    batch_shape: tuple[sympy.Expr, ...]
+    mult_shape: tuple[sympy.Expr, ...]
+    col_shape: tuple[sympy.Expr, ...]
+    row_offset: sympy.Expr
+    rows: sympy.Expr
     triv_norm: sympy.Expr  # 1/sqrt(prod n) over the contracted trivial pieces
 
 
 @dataclass(frozen=True)
 class IsotypicBlock:
-    """One label lambda: Y_lambda has shape (batch, mult, width) and S = (Y Y^T / dim) (x) I."""
+    """One label lambda: Y_lambda has shape (batch, mult, width) and S = (Y Y^T / dim) (x) I.
+    The four sizes are sympy expressions; `CompiledSpec.blocks` holds their values."""
 
     id: str
     label: tuple[tuple[str, str], ...]
     batch_spaces: tuple[str, ...]
-    batch: int
-    mult: int
+    batch: sympy.Expr
+    mult: sympy.Expr
     cols: tuple[str, ...]
-    width: int
-    dim_expr: sympy.Expr
-    dim: int
+    width: sympy.Expr
+    dim: sympy.Expr
     components: tuple[Component, ...]
 
     @property
@@ -73,19 +73,17 @@ class IsotypicBlock:
 class Structure:
     bound: BoundSpec
     blocks: tuple[IsotypicBlock, ...]
-    symbols: dict[str, sympy.Symbol]
 
 
-def size_symbol(space: str) -> sympy.Symbol:
-    return sympy.Symbol("n_" + re.sub(r"\W", "_", space), positive=True, integer=True)
+def symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, positive=True, integer=True)
 
 
 def derive_structure(bound: BoundSpec) -> Structure:
-    """Enumerate components, group them by label, and attach the symbolic dimensions."""
+    """Enumerate components, group them by label, and write every size as an expression."""
     spaces = bound.spaces
     rank = {s: i for i, s in enumerate(spaces)}
-    symbols = {s: size_symbol(s) for s in spaces}
-    values = {symbols[s]: spaces[s].size for s in spaces}
+    n = {s: symbol(sp.symbol) for s, sp in spaces.items()}
     groups: dict[tuple, list] = {}
     for param in bound.params:
         for block in param.blocks:
@@ -108,27 +106,26 @@ def derive_structure(bound: BoundSpec) -> Structure:
     blocks = []
     for i, ((label, batch_spaces), members) in enumerate(groups.items()):
         cols = tuple(s for s, _ in label)
-        dim_expr = sympy.Mul(*[symbols[s] - 1 if p == STD else symbols[s] for s, p in label])
-        comps, offset = [], 0
+        comps, offset = [], sympy.Integer(0)
         for pname, block, pieces in members:
             atoms = block.atoms
+            size = [symbol(a.symbol) for a in atoms]
             kept = [k for k, p in enumerate(pieces) if p != TRIV]
             batch_pos = [next(k for k in kept if atoms[k].space == b) for b in batch_spaces]
             col_pos = [next(k for k in kept if atoms[k].space == s) for s in cols]
             mult_pos = [k for k in kept if k not in batch_pos and k not in col_pos]
-            order = tuple(kept.index(k) for k in batch_pos + mult_pos + col_pos)
-            triv = [symbols[atoms[k].space] for k, p in enumerate(pieces) if p == TRIV]
-            rows = math.prod(atoms[k].size for k in mult_pos)
+            rows = sympy.Mul(*[size[k] for k in mult_pos])
             comps.append(Component(
-                param=pname, block=block.index, pieces=pieces, order=order,
-                batch_shape=tuple(atoms[k].size for k in batch_pos),
-                mult_shape=tuple(atoms[k].size for k in mult_pos),
-                col_shape=tuple(atoms[k].size for k in col_pos),
-                row_offset=offset, rows=rows, triv_norm=1 / sympy.sqrt(sympy.Mul(*triv))))
-            offset += rows
-        batch = math.prod(spaces[b].size for b in batch_spaces)
+                param=pname, block=block.index, pieces=pieces,
+                order=tuple(kept.index(k) for k in batch_pos + mult_pos + col_pos),
+                batch_shape=tuple(size[k] for k in batch_pos),
+                mult_shape=tuple(size[k] for k in mult_pos),
+                col_shape=tuple(size[k] for k in col_pos),
+                row_offset=offset, rows=rows,
+                triv_norm=1 / sympy.sqrt(sympy.Mul(*[size[k] for k, p in enumerate(pieces) if p == TRIV]))))
+            offset = offset + rows
         blocks.append(IsotypicBlock(
-            id=f"L{i}", label=label, batch_spaces=batch_spaces, batch=batch, mult=offset, cols=cols,
-            width=math.prod(spaces[s].size for s in cols), dim_expr=dim_expr,
-            dim=int(dim_expr.subs(values)), components=tuple(comps)))
-    return Structure(bound=bound, blocks=tuple(blocks), symbols=symbols)
+            id=f"L{i}", label=label, batch_spaces=batch_spaces, batch=sympy.Mul(*[n[b] for b in batch_spaces]),
+            mult=offset, cols=cols, width=sympy.Mul(*[n[s] for s in cols]),
+            dim=sympy.Mul(*[n[s] - 1 if p == STD else n[s] for s, p in label]), components=tuple(comps)))
+    return Structure(bound=bound, blocks=tuple(blocks))

@@ -34,14 +34,17 @@ class BoundSpace:
     size: int
     per: str | None
     decl: str  # the [spaces] key it came from, for messages
+    symbol: str  # its size's name in generated code, e.g. n_h1
 
 
 @dataclass(frozen=True)
 class Atom:
-    """One axis of a block: a space, or a free axis (space None)."""
+    """One axis of a block: a space, or a free axis (space None). `symbol` names its size in the
+    generated code (n_<space>, or f<param>_<axis>_<segment> for a free axis)."""
 
     space: str | None
     size: int
+    symbol: str
 
 
 @dataclass(frozen=True)
@@ -79,11 +82,24 @@ class BoundSpec:
     uncovered: tuple[tuple[str, tuple[int, ...]], ...]
     graph: nx.MultiGraph  # nodes ("space", s) and ("block", param, i); one edge per occurrence
 
-    def key_material(self) -> str:
-        spaces = ";".join(f"{s.name}:{s.group}:{s.size}:{s.per}" for s in self.spaces.values())
-        params = ";".join(f"{p.name}{p.shape}{[b.axes for b in p.blocks]}" for p in self.params)
-        uncovered = ";".join(f"{n}{s}" for n, s in self.uncovered)
-        return f"{spaces}|{params}|{uncovered}"
+    def layout_material(self) -> str:
+        """Everything the generated code depends on, and no size: one kernel serves every width.
+        (A perm space of size 1 has no standard piece, so it is part of the layout.)"""
+        spaces = ";".join(f"{s.name}:{s.group}:{s.per}:{s.symbol}{':S1' if s.group == 'perm' and s.size == 1 else ''}"
+                          for s in self.spaces.values())
+        params = ";".join(f"{p.name}{[[(a.space, a.symbol) for a in b.atoms] for b in p.blocks]}"
+                          f"{[[len(axis) for axis in b.axes] for b in p.blocks]}{p.fused_axes}"
+                          for p in self.params)
+        return f"{spaces}|{params}"
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """symbol -> size for every symbol the generated code reads."""
+        out = {s.symbol: s.size for s in self.spaces.values()}
+        for p in self.params:
+            for b in p.blocks:
+                out.update((a.symbol, a.size) for a in b.atoms)
+        return out
 
 
 def shapes_of(model_or_shapes: object) -> dict[str, tuple[int, ...]]:
@@ -183,13 +199,14 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
             raise SpecError(f"owner {per!r} of {s!r} is itself declared per another space",
                             file=spec.source, key=f"spaces.{d.name}.per",
                             hint="nest at most one level of per")
-        spaces[s] = BoundSpace(name=s, group=d.group, size=sizes[s], per=per, decl=d.name)
+        spaces[s] = BoundSpace(name=s, group=d.group, size=sizes[s], per=per, decl=d.name,
+                               symbol=_symbol_name(s, {x.symbol for x in spaces.values()}))
 
     params, graph = [], nx.MultiGraph()
     graph.add_nodes_from(("space", s) for s in spaces)
-    for name, axes in concrete.items():
+    for pi, (name, axes) in enumerate(concrete.items()):
         rule = matched[name][0]
-        p = _cut_blocks(name, shapes[name], axes, sizes, f"params.{rule.pattern!r}", spec.source)
+        p = _cut_blocks(name, pi, shapes[name], axes, sizes, spaces, f"params.{rule.pattern!r}")
         for b in p.blocks:
             node = ("block", name, b.index)
             graph.add_node(node)
@@ -319,13 +336,21 @@ def _infer_sizes(spec, resolved, matched, concrete, shapes, given) -> dict[str, 
     return sizes
 
 
-def _cut_blocks(name, shape, axes, sizes, key, source) -> BoundParam:
+def _symbol_name(space: str, taken: set[str]) -> str:
+    base = "n_" + re.sub(r"\W", "_", space)
+    name, k = base, 1
+    while name in taken:  # two instance names that sanitise alike
+        name, k = f"{base}_{k}", k + 1
+    return name
+
+
+def _cut_blocks(name, pi, shape, axes, sizes, spaces, key) -> BoundParam:
     per_axis = []  # for each axis: list of (start, length, atoms)
     for a, segs in enumerate(axes):
         opts, start = [], 0
         for j, seg in enumerate(segs):
-            atoms = tuple(Atom(None, sizes[f"_:{name}:{a}:{j}"]) if x == FREE else Atom(x, sizes[x])
-                          for x in seg)
+            atoms = tuple(Atom(None, sizes[f"_:{name}:{a}:{j}"], f"f{pi}_{a}_{j}") if x == FREE
+                          else Atom(x, sizes[x], spaces[x].symbol) for x in seg)
             length = math.prod(at.size for at in atoms)
             opts.append((start, length, atoms))
             start += length

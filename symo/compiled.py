@@ -43,23 +43,26 @@ class CompiledSpec:
     """A spec compiled for one set of parameter shapes."""
 
     def __init__(self, module: GeneratedModule) -> None:
-        ns = module.namespace
-        self.key = module.key
+        ns, bound = module.namespace, module.bound
+        self.key = module.key  # the generated source's key: spec + layout, shared by every width
+        self.sizes: dict[str, int] = bound.sizes  # what this instance bound the source's symbols to
         self.source = module.source
         self.source_path: Path | None = module.path
         self.from_cache = module.from_cache
-        self.name: str = module.bound.name
-        self.spec_file: str = module.bound.source
-        self.shapes: dict[str, tuple[int, ...]] = {n: tuple(s) for n, s in ns["PARAMS"].items()}
+        self.name: str = bound.name
+        self.spec_file: str = bound.source
+        self.shapes: dict[str, tuple[int, ...]] = {p.name: tuple(p.shape) for p in bound.params}
         self.param_names: list[str] = list(self.shapes)
-        self.uncovered: dict[str, tuple[int, ...]] = {n: tuple(s) for n, s in ns["UNCOVERED"].items()}
-        self.spaces: dict[str, dict] = ns["SPACES"]
+        self.uncovered: dict[str, tuple[int, ...]] = {n: tuple(s) for n, s in bound.uncovered}
+        self.spaces: dict[str, dict] = {s: {"group": sp.group, "size": sp.size, "per": sp.per}
+                                        for s, sp in bound.spaces.items()}
         self.blocks: list[BlockInfo] = [
             BlockInfo(b["id"], b["name"], b["batch"], b["mult"], b["width"], b["dim"], b["dim_expr"],
                       tuple(dict.fromkeys(r[0] for r in b["rows"])))
             for b in ns["BLOCKS"]]
         self.block_ids = [b.id for b in self.blocks]
-        self._block_params = ns["BLOCK_PARAMS"]
+        self._block_params = {p.name: [{"slices": b.slices, "atoms": [(a.space, a.size) for a in b.atoms]}
+                                       for b in p.blocks] for p in bound.params}
         self._gather = ns["gather"]
         self._scatter = ns["scatter"]
         self._trivial = [b.id for b in self.blocks if b.name == "trivial"]
@@ -180,6 +183,11 @@ class CompiledSpec:
             lines.append("uncovered (not curvature-preconditioned): " + ", ".join(self.uncovered))
         lines.append(f"generated code: {self.source_path or '(memory only)'} [{self.from_cache}]")
         return "\n".join(lines)
+
+    def same_binding(self, other: CompiledSpec) -> bool:
+        """Same source and same sizes: curvatures of the two can be added."""
+        return self is other or (self.key == other.key and self.sizes == other.sizes
+                                 and self.param_names == other.param_names)
 
     def __repr__(self) -> str:
         return f"CompiledSpec({self.name!r}, params={len(self.param_names)}, blocks={len(self.blocks)})"

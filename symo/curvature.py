@@ -87,7 +87,7 @@ class Curvature:
 
     # ---------------------------------------------------------------- algebra
     def _combine(self, other: Curvature, sign: float) -> Curvature:
-        if other.compiled is not self.compiled and other.compiled.key != self.compiled.key:
+        if not self.compiled.same_binding(other.compiled):
             raise ValueError("cannot add curvatures compiled from different specs or shapes")
         dense, roots = {}, {}
         for b in self.compiled.block_ids:

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import compiler
 import symo
@@ -152,15 +153,23 @@ def test_no_disk_cache_writes_nothing(tmp_path: Path, fresh_memory, monkeypatch:
     assert not (tmp_path / "env").exists()
 
 
-def test_cache_key_ignores_formatting_but_not_shapes(tmp_path: Path, fresh_memory) -> None:
+def test_cache_key_ignores_formatting_and_widths_but_not_layout(tmp_path: Path, fresh_memory) -> None:
     text = Path(TANH).read_text()
     reformatted = "# a comment\n" + text.replace(" = ", "=")
-    a = symo.compile(symo.parse_spec(text), MLP_SHAPES, disk_cache=False)
-    b = symo.compile(symo.parse_spec(reformatted), MLP_SHAPES, disk_cache=False)
+    a = symo.compile(symo.parse_spec(text), MLP_SHAPES, cache_dir=tmp_path)
+    b = symo.compile(symo.parse_spec(reformatted), MLP_SHAPES, cache_dir=tmp_path)
     assert a.key == b.key and b.from_cache == "memory"
+    # another width: the same generated source (sizes are symbols), bound to the new sizes
     wider = {**MLP_SHAPES, "fc1.weight": (16, 9)}
-    c = symo.compile(symo.parse_spec(text), wider, disk_cache=False)
-    assert c.key != a.key and c.from_cache == "built"
+    c = symo.compile(symo.parse_spec(text), wider, cache_dir=tmp_path)
+    assert c.key == a.key and c.from_cache == "memory" and c.source == a.source
+    assert len(entries(tmp_path)) == 1
+    assert [b.mult for b in c.blocks] != [b.mult for b in a.blocks]  # fc1's 9 columns, not 8
+    g = {n: torch.randn(s, dtype=torch.float64) for n, s in wider.items()}
+    assert all(torch.equal(x, g[n]) for n, x in c.scatter(c.gather(g)).items())
+    # another layout (a parameter the spec now covers differently) is another source
+    relu = symo.compile(str(REPO / "specs" / "mlp_relu.toml"), MLP_SHAPES, cache_dir=tmp_path)
+    assert relu.key != a.key and relu.from_cache == "built"
 
 
 def test_uncovered_parameters_are_not_served_stale_from_the_cache(tmp_path: Path, fresh_memory) -> None:
