@@ -92,6 +92,21 @@ class BoundSpec:
                           for p in self.params)
         return f"{spaces}|{params}"
 
+    def couplings(self) -> list[tuple[list[str], list[str]]]:
+        """Which blocks the group couples: connected components of the incidence graph (blocks and
+        the spaces a non-trivial group acts on), as (spaces, parameters) pairs. A parameter cut into
+        blocks (c_attn's q/k and v rows) can sit in several. Different components never share a
+        label, except through trivial pieces of perm spaces (the structure stage adds those)."""
+        moving = [n for n in self.graph if n[0] == "block" or self.spaces[n[1]].group != "identity"]
+        order = [p.name for p in self.params]
+        out = []
+        for comp in nx.connected_components(self.graph.subgraph(moving)):
+            spaces = sorted(n[1] for n in comp if n[0] == "space")
+            params = sorted({n[1] for n in comp if n[0] == "block"}, key=order.index)
+            if params:
+                out.append((spaces, params))
+        return sorted(out, key=lambda sp: order.index(sp[1][0]))
+
     @property
     def sizes(self) -> dict[str, int]:
         """symbol -> size for every symbol the generated code reads."""
@@ -210,23 +225,21 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
         for b in p.blocks:
             node = ("block", name, b.index)
             graph.add_node(node)
-            seen: set[str] = set()
-            for atom in b.atoms:
-                if atom.space is None:
-                    continue
-                graph.add_edge(node, ("space", atom.space))
-                if atom.space in seen:
-                    group = spaces[atom.space].group
+            graph.add_edges_from((node, ("space", a.space)) for a in b.atoms if a.space is not None)
+            # the incidence multigraph decides: two edges between a block and a space = a repeated space
+            for _, (_, space) in graph.edges(node):
+                if graph.number_of_edges(node, ("space", space)) > 1:
+                    group = spaces[space].group
                     dim = commutant_dimension(group, 4) if group != "identity" else None
                     extra = (f"; its curvature lives in a {dim}-dimensional diagram commutant "
                              f"({group}, MATH.md §5)") if dim else ""
-                    raise SpecError(f"space {atom.space!r} occurs more than once in one block of the "
+                    raise SpecError(f"space {space!r} occurs more than once in one block of the "
                                     "parameter (a repeated space, e.g. an RNN's W_hh acted on as P W P^T)"
                                     + extra,
                                     file=spec.source, key=f"params.{rule.pattern!r}", param=name,
                                     hint="repeated spaces (tier 2) are not compiled yet; use a different "
                                     "space for the second occurrence (a relaxed group) meanwhile")
-                seen.add(atom.space)
+            seen = {space for _, (_, space) in graph.edges(node)}
             for atom in b.atoms:
                 owner = spaces[atom.space].per if atom.space else None
                 if owner is not None and owner not in seen:

@@ -61,6 +61,7 @@ class CompiledSpec:
                       tuple(dict.fromkeys(r[0] for r in b["rows"])))
             for b in ns["BLOCKS"]]
         self.block_ids = [b.id for b in self.blocks]
+        self.couplings: list[tuple[list[str], list[str]]] = bound.couplings()
         self._block_params = {p.name: [{"slices": b.slices, "atoms": [(a.space, a.size) for a in b.atoms]}
                                        for b in p.blocks] for p in bound.params}
         self._gather = ns["gather"]
@@ -175,6 +176,11 @@ class CompiledSpec:
                 params = params[:57] + "..."
             lines.append(f"  {b.id:<6} {b.name[:42]:<42} {b.batch:>5} {b.mult:>6} {b.width:>6} "
                          f"{b.dim:>8}  {params}")
+        coupled = [(sp, ps) for sp, ps in self.couplings if len(ps) > 1]
+        if coupled:
+            lines.append("coupled by shared spaces: " + "; ".join(
+                f"{{{', '.join(ps)}}} via {', '.join(sp)}" for sp, ps in coupled[:8])
+                + (f"; ... {len(coupled) - 8} more" if len(coupled) > 8 else ""))
         m = self.memory()
         lines.append(f"memory (numbers): factors {m['factors']:,} | dense S {m['dense']:,} "
                      f"({m['dense'] / max(m['factors'], 1):,.0f}x more) | Shampoo {m['shampoo']:,} "
