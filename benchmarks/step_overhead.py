@@ -192,6 +192,33 @@ def main(argv: list[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(f"written to {out}")
+    plot(results, out.with_suffix(".png"))
+
+
+def plot(results: dict, path: Path) -> None:
+    """Two bar charts (ms/step on a log axis, state MB) as a PNG; needs matplotlib (extra 'bench')."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install -e '.[bench]'): no plot")
+        return
+    ok = {n: r for n, r in results.items() if "median" in r}
+    names = list(ok)[::-1]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.5 * len(names) + 1.5), sharey=True)
+    colors = ["tab:blue" if n.startswith("Symo") else "tab:gray" for n in names]
+    a.barh(names, [ok[n]["median"] * 1e3 for n in names], color=colors)
+    a.set_xscale("log")
+    a.set_xlabel("ms per optimizer step (median, log scale)")
+    b.barh(names, [ok[n]["bytes"] / 2**20 for n in names], color=colors)
+    b.set_xlabel("optimizer state (MB)")
+    fig.suptitle("Optimizer step overhead on GPT shapes (6 layers, d_model 384), CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot written to {path}")
 
 
 if __name__ == "__main__":
