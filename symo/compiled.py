@@ -137,7 +137,7 @@ class CompiledSpec:
                 for k, (space, _) in enumerate(atoms):
                     if space is None or self.spaces[space]["group"] == "identity":
                         continue
-                    q = element[space].to(x.dtype)
+                    q = element[space].to(device=x.device, dtype=x.dtype)  # elements are sampled on the CPU
                     owner = self.spaces[space]["per"]
                     if owner is None:
                         x = torch.movedim(torch.tensordot(q[0], x, dims=([1], [k])), 0, k)
