@@ -277,9 +277,13 @@ def _pattern_regex(pattern: str, source: str) -> re.Pattern:
 def _substitute(name: str, caps: dict, source: str, key: str, param: str | None, axis: int | None) -> str:
     def sub(m: re.Match) -> str:
         if m.group(1) not in caps:
-            raise SpecError(f"{{{m.group(1)}}} in {name!r} is not captured by the pattern",
-                            file=source, key=key, param=param, axis=axis,
-                            hint=f"capture it in the parameter pattern, e.g. \"layers.{{{m.group(1)}}}.weight\"")
+            cap = "{" + m.group(1) + "}"
+            if key.endswith(".per"):  # a family's owner can only reuse the family's own captures
+                hint = f"capture it in the space's name too, e.g. \"dqk{cap}\" = {{ per = \"head{cap}\" }}"
+            else:
+                hint = f"capture it in the parameter pattern, e.g. \"layers.{cap}.weight\""
+            raise SpecError(f"{cap} in {name!r} is not captured by the pattern", file=source, key=key,
+                            param=param, axis=axis, hint=hint)
         return caps[m.group(1)]
 
     return _CAPTURE.sub(sub, name)
