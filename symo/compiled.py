@@ -186,7 +186,7 @@ class CompiledSpec:
                      f"({m['dense'] / max(m['factors'], 1):,.0f}x more) | Shampoo {m['shampoo']:,} "
                      f"({m['shampoo'] / max(m['factors'], 1):.2f}x)")
         if self.uncovered:
-            lines.append("uncovered (not curvature-preconditioned): " + ", ".join(self.uncovered))
+            lines.append("uncovered (not curvature-preconditioned): " + summarize_names(self.uncovered))
         lines.append(f"generated code: {self.source_path or '(memory only)'} [{self.from_cache}]")
         return "\n".join(lines)
 
@@ -197,6 +197,30 @@ class CompiledSpec:
 
     def __repr__(self) -> str:
         return f"CompiledSpec({self.name!r}, params={len(self.param_names)}, blocks={len(self.blocks)})"
+
+
+def summarize_names(names) -> str:
+    """Parameter names with numeric components folded: transformer.h.{0..11}.ln_1.weight."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        parts = name.split(".")
+        digits = [i for i, p in enumerate(parts) if p.isdigit()]
+        if len(digits) != 1:
+            groups.setdefault(name, [])
+            continue
+        i = digits[0]
+        groups.setdefault(".".join(parts[:i] + ["{}"] + parts[i + 1:]), []).append(parts[i])
+    out = []
+    for pattern, indices in groups.items():
+        if not indices:
+            out.append(pattern)
+        elif len(indices) == 1:
+            out.append(pattern.replace("{}", indices[0]))
+        else:
+            nums = sorted(map(int, indices))
+            span = f"{nums[0]}..{nums[-1]}" if nums == list(range(nums[0], nums[-1] + 1)) else ",".join(map(str, nums))
+            out.append(pattern.replace("{}", "{" + span + "}"))
+    return ", ".join(out)
 
 
 def check_finite_tensors(tensors: Tensors, names: list[str]) -> None:

@@ -27,7 +27,7 @@ import torch
 
 from compiler import Spec
 
-from .compiled import CompiledSpec, check_finite_tensors
+from .compiled import CompiledSpec, check_finite_tensors, summarize_names
 from .linalg import (
     FLOAT64_EIGH_MAX,
     MUON_COEFFS,
@@ -231,7 +231,7 @@ class Symo(torch.optim.Optimizer):
                 c = stage.consts[b.id]
                 lines.append(f"  [{stage.compiled.name}] {b.id} {b.name}: Y {b.batch}x{b.mult}x{b.width}, "
                              f"d={b.dim}, backend={c['backend']}; {', '.join(b.params)}")
-        lines.append("  AdamW: " + (", ".join(adam) if adam else "(none)"))
+        lines.append("  AdamW: " + (summarize_names(adam) if adam else "(none)"))
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ static per-block choices

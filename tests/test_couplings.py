@@ -33,3 +33,10 @@ def test_gpt_heads_couple_within_a_layer_only():
     assert (("mlp0",), ("transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.bias",
                         "transformer.h.0.mlp.c_proj.weight")) in groups
     assert len(groups) == 6  # (q/k, v/o, MLP) x two layers; layers never couple
+
+
+def test_summarized_names_fold_layer_indices():
+    from symo.compiled import summarize_names
+
+    names = [f"h.{i}.ln.weight" for i in range(3)] + ["wte.weight", "h.5.x", "h.7.x"]
+    assert summarize_names(names) == "h.{0..2}.ln.weight, wte.weight, h.{5,7}.x"
