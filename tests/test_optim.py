@@ -57,6 +57,18 @@ def one_step_update(model, opt, loss_fn) -> dict[str, torch.Tensor]:
     return {n: (before[n] - p.detach()) / lr for n, p in model.named_parameters()}
 
 
+def first_update(spec, **options) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Gradients and the first update of a float64 MLP, no momentum or damping."""
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4)).double()
+    loss_fn = regression(model)
+    loss_fn().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    opt = Symo(model.named_parameters(), spec, lr=0.1, beta1=0.0, damping=0.0, **options)
+    return grads, one_step_update(model, opt, loss_fn)
+
+
 # ------------------------------------------------------------------------------------------ Muon
 def test_muon_newton_schulz_matches_reference_muon():
     """float32, Nesterov, Muon's quintic and scale: 10 steps against ReferenceMuon + torch AdamW."""
@@ -80,14 +92,7 @@ def test_muon_newton_schulz_matches_reference_muon():
 
 def test_muon_exact_backend_is_scaled_polar_factor():
     """eigh backend, natural scale, no momentum or damping: the update is sqrt(rows) U V^T."""
-    torch.manual_seed(0)
-    model = MLP((8, 16, 12, 4)).double()
-    loss_fn = regression(model)
-    loss_fn().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    opt = Symo(model.named_parameters(), MUON, lr=0.1, backend="eigh", beta1=0.0, damping=0.0)
-    upd = one_step_update(model, opt, loss_fn)
+    grads, upd = first_update(MUON, backend="eigh")
     for n in ("fc1.weight", "fc2.weight", "fc3.weight"):
         u, _, vh = torch.linalg.svd(grads[n], full_matrices=False)
         expected = math.sqrt(grads[n].shape[0]) * u @ vh
@@ -218,14 +223,7 @@ def test_factored_gauge_equivariance_and_adam_is_not():
 
 def test_hidden_to_hidden_is_normalised_gradient():
     """Both sides signed_perm: sqrt(h1 h2) G / ||G|| for every weight matrix."""
-    torch.manual_seed(0)
-    model = MLP((8, 16, 12, 4)).double()
-    loss_fn = regression(model)
-    loss_fn().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    opt = Symo(model.named_parameters(), HIDDEN, lr=0.1, beta1=0.0, damping=0.0)
-    upd = one_step_update(model, opt, loss_fn)
+    grads, upd = first_update(HIDDEN)
     for n in ("fc1.weight", "fc2.weight", "fc3.weight"):
         g = grads[n]
         assert rel(upd[n], math.sqrt(g.numel()) * g / g.norm()) < 1e-12, n
