@@ -15,7 +15,7 @@ import hashlib
 import linecache
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ class GeneratedModule:
 class _Entry:
     source: str
     namespaces: dict[tuple, dict[str, Any]]  # sizes -> executed module
+    on_disk: set[Path] = field(default_factory=set)  # cache directories known to hold it, verified
 
 
 _MEMORY: dict[str, _Entry] = {}
@@ -77,7 +78,12 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
     if entry is not None:
         origin = "memory"
         if disk is not None and disk.usable:  # honour this call's disk settings, not the first call's
-            path = disk.path(key) if disk.load(key) == entry.source else disk.store(key, entry.source)
+            if disk.directory in entry.on_disk:  # verified earlier in this process: no re-read
+                path = disk.path(key)
+            else:
+                path = disk.path(key) if disk.load(key) == entry.source else disk.store(key, entry.source)
+                if path is not None:
+                    entry.on_disk.add(disk.directory)
     else:
         source = disk.load(key) if disk else None
         origin = "disk"
@@ -93,6 +99,8 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
             namespace = _execute(source, path or Path(f"<symo-generated-{key[:12]}>"), values)
             origin = "built"
         entry = _MEMORY[key] = _Entry(source, {binding: namespace})
+        if path is not None:
+            entry.on_disk.add(disk.directory)
     namespace = entry.namespaces.get(binding)
     if namespace is None:  # a new width for a known layout: bind the same source again
         namespace = entry.namespaces[binding] = _execute(entry.source, path or Path(f"<symo-generated-{key[:12]}>"),
