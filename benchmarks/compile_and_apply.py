@@ -25,8 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from symo.compiler import _MEMORY  # noqa: E402
+
 import symo  # noqa: E402
-from compiler import _MEMORY  # noqa: E402
 from symo.models import GPT, GPTConfig, gpt2_124m  # noqa: E402
 
 GPT_SPEC = ROOT / "specs" / "gpt.toml"

@@ -67,14 +67,36 @@ class Spec:
         return f"spaces[{spaces}]params[{params}]"
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Read and parse a spec file."""
+def bundled_specs() -> dict[str, Path]:
+    """The specs shipped with Symo (package `symo.specs`), by name: {"gpt_muon": path, ...}."""
+    from importlib import resources
+
+    root = resources.files("symo.specs")
+    return {Path(str(f)).stem: Path(str(f)) for f in root.iterdir() if str(f).endswith(".toml")}
+
+
+def resolve_spec_path(path: str | Path) -> Path:
+    """An existing path wins; otherwise a bare name ("gpt_muon" or "gpt_muon.toml") names a bundled spec."""
     path = Path(path)
+    if path.exists():
+        return path
+    if len(path.parts) == 1:
+        bundled = bundled_specs()
+        stem = path.stem if path.suffix == ".toml" else path.name
+        if stem in bundled:
+            return bundled[stem]
+    return path
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and parse a spec file, given by path or by the name of a bundled spec ("gpt_muon")."""
+    path = resolve_spec_path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
+        names = ", ".join(sorted(bundled_specs()))
         raise SpecError(f"cannot read the spec file ({exc.strerror})", file=str(path),
-                        hint="check the path; bundled specs live in specs/") from exc
+                        hint=f"check the path, or name a bundled spec: {names}") from exc
     return parse_spec(text, source=str(path))
 
 

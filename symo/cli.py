@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from compiler import SpecError
+from .compiler import SpecError
 
 
 def _load_factory(text: str):

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import torch
 
-from compiler import GeneratedModule
-
+from .compiler import GeneratedModule
 from .curvature import Curvature
 
 Tensors = Mapping[str, torch.Tensor]

@@ -25,9 +25,8 @@ from typing import Any, Literal
 
 import torch
 
-from compiler import Spec
-
 from .compiled import CompiledSpec, check_finite_tensors, summarize_names
+from .compiler import Spec
 from .linalg import (
     FLOAT64_EIGH_MAX,
     MUON_COEFFS,

@@ -14,9 +14,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+import symo.compiler as compiler
 import torch
 
-import compiler
 import symo
 import symo.cli
 from symo.models import mlp_tanh

@@ -6,8 +6,7 @@ import oracles as O
 import pytest
 import sympy
 import torch
-
-from compiler.diagrams import N, commutant_dimension, diagrams, gram_matrix, set_partitions
+from symo.compiler.diagrams import N, commutant_dimension, diagrams, gram_matrix, set_partitions
 
 
 def delta(partition, n):

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import symo.compiler as compiler
 
-import compiler
 import symo
 
 MLP_SHAPES = {"fc1.weight": (3, 2), "fc1.bias": (3,), "fc2.weight": (2, 3), "fc2.bias": (2,)}
