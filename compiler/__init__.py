@@ -91,12 +91,19 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
             path = disk.path(key)
             try:
                 namespace = _execute(source, path, values)
-            except Exception:  # an entry from an older codegen that no longer runs: rebuild it
+                if not all(k in namespace for k in ("gather", "scatter", "BLOCKS")):
+                    raise ValueError("incomplete module")
+            except Exception:  # an entry that does not load (whatever the reason): rebuild it
                 source = None
         if source is None:
             source = generate(derive_structure(bound), key).source
+            target = disk.path(key) if disk is not None and disk.usable else Path(f"<symo-generated-{key[:12]}>")
+            try:  # load first: a module that fails to load is never written to the cache
+                namespace = _execute(source, target, values)
+            except Exception as exc:
+                raise RuntimeError(f"symo: the generated code for spec {bound.name!r} does not load ({exc!r}); "
+                                   "this is a bug in symo, please report it with the spec") from exc
             path = disk.store(key, source) if disk else None
-            namespace = _execute(source, path or Path(f"<symo-generated-{key[:12]}>"), values)
             origin = "built"
         entry = _MEMORY[key] = _Entry(source, {binding: namespace})
         if path is not None:

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 ENV_VAR = "SYMO_CACHE_DIR"
+SECRET_BYTES = 32
 
 
 def default_cache_dir() -> Path:
@@ -52,31 +53,40 @@ class DiskCache:
         return True
 
     def _key_file(self) -> bytes:
+        """The HMAC secret; a missing or damaged one (wrong length, unreadable) is replaced, which
+        invalidates every entry signed with the old one (they are rebuilt)."""
         if self._secret is None:
             path = self.directory / ".secret"
             try:
-                self._secret = path.read_bytes()
-            except FileNotFoundError:
-                self._atomic_write(path, secrets.token_bytes(32))
-                self._secret = path.read_bytes()
+                secret = path.read_bytes()
+            except OSError:
+                secret = b""
+            if len(secret) != SECRET_BYTES:
+                self._atomic_write(path, secrets.token_bytes(SECRET_BYTES))
+                secret = path.read_bytes()
+                if len(secret) != SECRET_BYTES:
+                    raise OSError(f"cannot keep a secret in {path}")
+            self._secret = secret
         return self._secret
 
-    def _mac(self, key: str, source: str) -> str:
-        return hmac.new(self._key_file(), f"{key}\0{source}".encode(), hashlib.sha256).hexdigest()
+    def _mac(self, key: str, source: str) -> bytes:
+        return hmac.new(self._key_file(), f"{key}\0{source}".encode(), hashlib.sha256).hexdigest().encode()
 
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.py"
 
     def load(self, key: str) -> str | None:
-        """The verified source for `key`, or None (missing, corrupt or tampered: caller rebuilds)."""
+        """The verified source for `key`, or None (missing, corrupt or tampered: caller rebuilds).
+        Any damage to the directory, the entry or the secret is a miss, never an exception."""
         if not self.usable:
             return None
         try:
             source = self.path(key).read_text(encoding="utf-8")
-            mac = (self.directory / f"{key}.mac").read_text().strip()
-        except (OSError, UnicodeDecodeError):
+            mac = (self.directory / f"{key}.mac").read_bytes().strip()
+            good = hmac.compare_digest(mac, self._mac(key, source))
+        except (OSError, UnicodeError, ValueError):
             return None
-        if not hmac.compare_digest(mac, self._mac(key, source)):
+        if not good:
             warnings.warn(f"symo: cache entry {self.path(key)} failed verification; rebuilding it",
                           stacklevel=3)
             return None
@@ -87,8 +97,8 @@ class DiskCache:
             return None
         try:
             self._atomic_write(self.path(key), source.encode())
-            self._atomic_write(self.directory / f"{key}.mac", self._mac(key, source).encode())
-        except OSError as exc:
+            self._atomic_write(self.directory / f"{key}.mac", self._mac(key, source))
+        except (OSError, UnicodeError, ValueError) as exc:
             warnings.warn(f"symo: could not write the kernel cache ({exc})", stacklevel=3)
             return None
         return self.path(key)

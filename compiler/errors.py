@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+MAX_NAME = 80  # a name longer than this is shortened in messages, so an error stays readable
+
+
+def short(text: str, limit: int = MAX_NAME) -> str:
+    """`text` cut to `limit` characters with an ellipsis: long names never flood a message."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def few(names: Iterable[object], limit: int = 8) -> str:
+    """A list of names for a hint, truncated: "['a', 'b', ... 40 more]"."""
+    items = [short(str(n)) for n in names]
+    shown = ", ".join(repr(n) for n in items[:limit])
+    return f"[{shown}{f', ... {len(items) - limit} more' if len(items) > limit else ''}]"
+
 
 class SpecError(ValueError):
     """A spec that cannot be compiled.
@@ -26,9 +43,9 @@ class SpecError(ValueError):
         if file:
             where.append(f"{file}")
         if key:
-            where.append(f"key {key!r}")
+            where.append(f"key {short(key)!r}")
         if param:
-            where.append(f"parameter {param!r}")
+            where.append(f"parameter {short(param)!r}")
         if axis is not None:
             where.append(f"axis {axis}")
         text = (", ".join(where) + ": " if where else "") + message

@@ -13,19 +13,23 @@ Names may hold `{x}` captures; a parameter pattern binds them and the spaces it 
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpecError
+from .errors import SpecError, few, short
 
 GROUPS = ("identity", "perm", "signed_perm", "orthogonal")
 FREE = "_"
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\{[A-Za-z_][A-Za-z0-9_]*\}[A-Za-z0-9_]*)*|\{[A-Za-z_][A-Za-z0-9_]*\}[A-Za-z0-9_{}]*"
-_NAME_RE = re.compile(rf"^(?:{_NAME})$")
+_NAME_RE = re.compile(rf"^(?:{_NAME})\Z")  # \Z: "$" would accept a trailing newline
 _SPACE_KEYS = {"group", "size", "per"}
 _TOP_KEYS = {"name", "description", "spaces", "params"}
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # all but tab, newline, return
+MAX_SPEC_BYTES = 1 << 20  # far beyond any real spec; a larger file is a mistake (or not a spec)
 
 
 @dataclass(frozen=True)
@@ -90,30 +94,59 @@ def resolve_spec_path(path: str | Path) -> Path:
 
 def load_spec(path: str | Path) -> Spec:
     """Read and parse a spec file, given by path or by the name of a bundled spec ("gpt_muon")."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"load_spec: path must be a str or os.PathLike (a file, or a bundled spec name such as "
+                        f"'gpt_muon'), got {type(path).__name__}")
     path = resolve_spec_path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         names = ", ".join(sorted(bundled_specs()))
-        raise SpecError(f"cannot read the spec file ({exc.strerror})", file=str(path),
+        raise SpecError(f"cannot read the spec file ({exc.strerror or exc})", file=str(path),
                         hint=f"check the path, or name a bundled spec: {names}") from exc
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(f"the file is {len(data):,} bytes, larger than any spec ({MAX_SPEC_BYTES:,})",
+                        file=str(path), hint="check that the path names a TOML spec file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})", file=str(path),
+                        hint="save the spec as UTF-8 (TOML requires it); check that the path names a spec") from None
     return parse_spec(text, source=str(path))
 
 
 def parse_spec(text: str, source: str = "<string>") -> Spec:
     """Parse TOML spec text. Raises `SpecError` naming `source` and the offending key."""
+    if not isinstance(text, str):
+        hint = " (decode bytes first, or use load_spec for a file)" if isinstance(text, (bytes, bytearray)) else ""
+        raise TypeError(f"parse_spec: text must be a str of TOML, got {type(text).__name__}{hint}")
+    if not isinstance(source, str):
+        raise TypeError(f"parse_spec: source must be a str, got {type(source).__name__}")
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"the spec text has {len(text):,} characters, more than any spec ({MAX_SPEC_BYTES:,})",
+                        file=source, hint="check that the text is a spec")
+    if m := _CONTROL.search(text):
+        line = text.count("\n", 0, m.start()) + 1
+        raise SpecError(f"control character {m.group()!r} at line {line}", file=source,
+                        hint="remove it; a spec is plain text (a binary file is not a spec)")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"TOML syntax error: {exc}", file=source,
                         hint="fix the TOML at the line and column given") from exc
+    except RecursionError:
+        raise SpecError("nesting too deep for a spec", file=source,
+                        hint="a spec nests at most a list of lists (a fused axis)") from None
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
-        raise SpecError(f"unknown top-level key(s) {unknown}", file=source, key=unknown[0],
+        raise SpecError(f"unknown top-level key(s) {few(unknown)}", file=source, key=short(unknown[0]),
                         hint=f"allowed top-level keys are {sorted(_TOP_KEYS)}")
     name = data.get("name", Path(source).stem if source != "<string>" else "spec")
-    if not isinstance(name, str):
-        raise SpecError("`name` must be a string", file=source, key="name", hint='name = "my model"')
+    if not isinstance(name, str) or not name.isprintable():
+        raise SpecError("`name` must be a one-line string", file=source, key="name", hint='name = "my model"')
+    if not isinstance(data.get("description", ""), str):
+        raise SpecError("`description` must be a string", file=source, key="description",
+                        hint='description = "what the spec is for"')
     spaces = _parse_spaces(data.get("spaces", {}), source)
     if "params" not in data or not data["params"]:
         raise SpecError("the spec has no [params] table", file=source, key="params",
@@ -128,9 +161,9 @@ def _parse_spaces(table: object, source: str) -> tuple[SpaceDecl, ...]:
                         hint='write [spaces] then lines like h = { group = "perm" }')
     out = []
     for name, entry in table.items():
-        key = f"spaces.{name}"
+        key = f"spaces.{short(name)}"
         if not _NAME_RE.match(name) or name == FREE:
-            raise SpecError(f"{name!r} is not a valid space name", file=source, key=key,
+            raise SpecError(f"{short(name)!r} is not a valid space name", file=source, key=key,
                             hint="use letters, digits and _, optionally with {x} captures, e.g. h{i}")
         if isinstance(entry, str):  # shorthand: h = "perm"
             entry = {"group": entry}
@@ -139,21 +172,24 @@ def _parse_spaces(table: object, source: str) -> tuple[SpaceDecl, ...]:
                             hint=f'{name} = {{ group = "perm" }}')
         extra = sorted(set(entry) - _SPACE_KEYS)
         if extra:
-            raise SpecError(f"unknown field(s) {extra}", file=source, key=key,
+            raise SpecError(f"unknown field(s) {few(extra)}", file=source, key=key,
                             hint=f"a space takes only {sorted(_SPACE_KEYS)}")
         group = entry.get("group")
         if group not in GROUPS:
-            raise SpecError(f"unknown group {group!r}", file=source, key=f"{key}.group",
+            raise SpecError(f"unknown group {short(repr(group))}", file=source, key=f"{key}.group",
                             hint=f"use one of {list(GROUPS)}")
         size = entry.get("size")
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-            raise SpecError(f"size must be a positive integer, got {size!r}", file=source,
+            raise SpecError(f"size must be a positive integer, got {short(repr(size))}", file=source,
                             key=f"{key}.size", hint="give the size as an integer, or leave it out "
                             "to infer it from the parameter shapes")
         per = entry.get("per")
         if per is not None and (not isinstance(per, str) or not _NAME_RE.match(per)):
-            raise SpecError(f"per must name another space, got {per!r}", file=source,
+            raise SpecError(f"per must name another space, got {short(repr(per))}", file=source,
                             key=f"{key}.per", hint='per = "head"')
+        if per == name:
+            raise SpecError(f"space {name!r} is declared per itself", file=source, key=f"{key}.per",
+                            hint="per must name a different, identity space (e.g. the head index)")
         out.append(SpaceDecl(name=name, group=group, size=size, per=per))
     return tuple(out)
 
@@ -162,9 +198,19 @@ def _parse_params(table: object, source: str) -> tuple[ParamRule, ...]:
     if not isinstance(table, dict):
         raise SpecError("[params] must be a table", file=source, key="params",
                         hint='"fc1.weight" = ["h", "_"]')
-    rules = []
+    rules, normal = [], {}
     for pattern, axes in table.items():
         key = f"params.{pattern!r}"
+        if not pattern or not pattern.isprintable() or pattern != pattern.strip():
+            raise SpecError(f"{short(pattern)!r} is not a valid parameter name or pattern", file=source,
+                            key=f"params.{short(pattern)!r}",
+                            hint="names are printable text without control characters or outer spaces")
+        folded = unicodedata.normalize("NFKC", pattern)
+        if folded in normal:
+            raise SpecError(f"{short(pattern)!r} and {short(normal[folded])!r} are the same name after "
+                            "Unicode normalisation (NFKC)", file=source, key=f"params.{short(pattern)!r}",
+                            hint="write each parameter name once, in one spelling")
+        normal[folded] = pattern
         if not isinstance(axes, list) or not axes:
             raise SpecError("a parameter entry must be a non-empty list with one entry per axis",
                             file=source, key=key, param=pattern,
@@ -182,12 +228,12 @@ def _parse_params(table: object, source: str) -> tuple[ParamRule, ...]:
 
 def _parse_segment(text: object, source: str, key: str, pattern: str, axis: int) -> Segment:
     if not isinstance(text, str):
-        raise SpecError(f"an axis entry must be a string, got {text!r}", file=source, key=key,
+        raise SpecError(f"an axis entry must be a string, got {short(repr(text))}", file=source, key=key,
                         param=pattern, axis=axis, hint='use "_", "space" or "(space1 space2)"')
     body = text.strip()
     if body.startswith("("):
         if not body.endswith(")"):
-            raise SpecError(f"unbalanced parentheses in {text!r}", file=source, key=key,
+            raise SpecError(f"unbalanced parentheses in {short(repr(text))}", file=source, key=key,
                             param=pattern, axis=axis, hint='write products as "(head dqk)"')
         atoms = tuple(body[1:-1].split())
         if not atoms:
@@ -198,10 +244,10 @@ def _parse_segment(text: object, source: str, key: str, pattern: str, axis: int)
     for atom in atoms:
         if atom == FREE:
             if len(atoms) > 1:
-                raise SpecError(f"'_' inside a product {text!r}", file=source, key=key,
+                raise SpecError(f"'_' inside a product {short(repr(text))}", file=source, key=key,
                                 param=pattern, axis=axis,
                                 hint="declare an identity space for that factor instead of '_'")
         elif not _NAME_RE.match(atom):
-            raise SpecError(f"{atom!r} is not a space name", file=source, key=key, param=pattern,
+            raise SpecError(f"{short(repr(atom))} is not a space name", file=source, key=key, param=pattern,
                             axis=axis, hint='use "_", "space" or "(space1 space2)"')
     return atoms

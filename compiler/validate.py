@@ -12,15 +12,18 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+import operator
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import networkx as nx
 
 from .diagrams import commutant_dimension
-from .errors import SpecError
+from .errors import SpecError, few, short
 from .parse import FREE, SpaceDecl, Spec
+from .sizes import AxisEquation, solve_sizes
 
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -118,13 +121,49 @@ class BoundSpec:
 
 
 def shapes_of(model_or_shapes: object) -> dict[str, tuple[int, ...]]:
-    """Accept {name: shape} or an nn.Module (its named_parameters, in order)."""
+    """Accept {name: shape} or an nn.Module (its named_parameters, in order); check names and shapes.
+
+    A shape is a sequence of non-negative ints (tuple, list, torch.Size) or anything with `.shape`.
+    Names must be printable strings, distinct after Unicode normalisation (NFKC)."""
     named = getattr(model_or_shapes, "named_parameters", None)
     if callable(named):
-        return {n: tuple(p.shape) for n, p in named()}
-    if isinstance(model_or_shapes, Mapping):
-        return {str(n): tuple(getattr(s, "shape", s)) for n, s in model_or_shapes.items()}
-    raise TypeError("shapes must be a dict {name: shape} or an nn.Module")
+        items = [(n, tuple(p.shape)) for n, p in named()]
+    elif isinstance(model_or_shapes, Mapping):
+        items = list(model_or_shapes.items())
+    else:
+        raise TypeError("shapes must be a dict {name: shape} or an nn.Module, got "
+                        f"{type(model_or_shapes).__name__}")
+    out: dict[str, tuple[int, ...]] = {}
+    folded: dict[str, str] = {}
+    for name, shape in items:
+        if not isinstance(name, str):
+            raise TypeError(f"shapes: parameter names must be str, got {short(repr(name))} "
+                            f"({type(name).__name__})")
+        if not name or not name.isprintable():
+            raise ValueError(f"shapes: parameter name {short(repr(name))} is empty or holds control or "
+                             "non-printable characters; rename the parameter")
+        key = unicodedata.normalize("NFKC", name)
+        if key in folded:
+            raise ValueError(f"shapes: parameter names {short(folded[key])!r} and {short(name)!r} are the same "
+                             "after Unicode normalisation (NFKC); rename one of them")
+        folded[key] = name
+        out[name] = _shape(name, shape)
+    return out
+
+
+def _shape(name: str, shape: object) -> tuple[int, ...]:
+    shape = getattr(shape, "shape", shape)
+    if not isinstance(shape, (tuple, list)):  # torch.Size is a tuple
+        raise TypeError(f"shapes[{short(name)!r}] must be a tuple of ints such as (16, 8), got "
+                        f"{short(repr(shape))} ({type(shape).__name__})")
+    dims = []
+    for d in shape:
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise TypeError(f"shapes[{short(name)!r}] must hold ints, got {short(repr(d))} ({type(d).__name__})")
+        if operator.index(d) < 0:
+            raise ValueError(f"shapes[{short(name)!r}] has a negative dimension {d}")
+        dims.append(operator.index(d))
+    return tuple(dims)
 
 
 def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, int] | None = None) -> BoundSpec:
@@ -136,7 +175,8 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
     # a rule whose key starts with "?" is optional: matching nothing is fine (e.g. biases of a
     # bias-free model); every other rule must match at least one parameter
     optional = {r.pattern: r.pattern.startswith("?") for r in spec.params}
-    rules = [(r, _pattern_regex(r.pattern.removeprefix("?"), spec.source)) for r in spec.params]
+    rules = [(r, _pattern_regex(r.pattern.removeprefix("?"), spec.source, f"params.{r.pattern!r}"))
+             for r in spec.params]
     matched: dict[str, tuple] = {}
     hits = {r.pattern: 0 for r in spec.params}
     for name in shapes:
@@ -158,11 +198,11 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
                             else "check the name against model.named_parameters()")
 
     decls = {d.name: d for d in spec.spaces}
-    families = [(d, _pattern_regex(d.name, spec.source)) for d in spec.spaces if "{" in d.name]
+    families = [(d, _pattern_regex(d.name, spec.source, f"spaces.{d.name}")) for d in spec.spaces if "{" in d.name]
     resolved: dict[str, tuple[SpaceDecl, dict]] = {}
 
-    def resolve(space: str, key: str, param: str, axis: int) -> None:
-        if space in resolved:
+    def resolve(space: str, key: str, param: str, axis: int, owner_of: str | None = None) -> None:
+        if space in resolved and owner_of is None:
             return
         if space in decls:
             resolved[space] = (decls[space], {})
@@ -172,13 +212,19 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
                     resolved[space] = (d, m.groupdict())
                     break
             else:
-                raise SpecError(f"space {space!r} is not declared", file=spec.source, key=key,
+                raise SpecError(f"space {short(space)!r} is not declared", file=spec.source, key=key,
                                 param=param, axis=axis,
-                                hint=f"declare it under [spaces] (declared: {sorted(decls)})")
+                                hint=f"declare it under [spaces] (declared: {few(decls)})")
         d, caps = resolved[space]
+        if d.per is not None and owner_of is not None:  # checked here, so a per chain never recurses
+            raise SpecError(f"owner {space!r} of {owner_of!r} is itself declared per another space",
+                            file=spec.source, key=key, hint="nest at most one level of per")
         if d.per is not None:
             owner = _substitute(d.per, caps, spec.source, f"spaces.{d.name}.per", param, axis)
-            resolve(owner, f"spaces.{d.name}.per", param, axis)
+            if owner == space:
+                raise SpecError(f"space {space!r} is declared per itself", file=spec.source,
+                                key=f"spaces.{d.name}.per", hint="per must name a different, identity space")
+            resolve(owner, f"spaces.{d.name}.per", param, axis, owner_of=space)
 
     # Instantiate each covered parameter's axes: concrete space names per segment.
     concrete: dict[str, list[list[tuple[str, ...]]]] = {}
@@ -261,17 +307,95 @@ def _decl_order(spec: Spec, decl: SpaceDecl, name: str) -> tuple:
     return (i, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
 
 
-def _pattern_regex(pattern: str, source: str) -> re.Pattern:
-    out, seen, pos = [], set(), 0
-    for m in _CAPTURE.finditer(pattern):
-        out.append(re.escape(pattern[pos:m.start()]))
-        name = m.group(1)
-        out.append(f"(?P={name})" if name in seen else f"(?P<{name}>[^.]+?)")
-        seen.add(name)
-        pos = m.end()
-    out.append(re.escape(pattern[pos:]))
-    text = "".join(out).replace(r"\*", "[^.]*")
-    return re.compile(text)
+class _Match:
+    """What `_NamePattern.fullmatch` returns: the captured values (like re.Match.groupdict)."""
+
+    __slots__ = ("captures",)
+
+    def __init__(self, captures: dict[str, str]) -> None:
+        self.captures = captures
+
+    def groupdict(self) -> dict[str, str]:
+        return dict(self.captures)
+
+
+_WILDCARD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}|\*")
+
+
+class _NamePattern:
+    """A parameter or space-family pattern, matched in linear time (no regex backtracking).
+
+    `{x}` captures a non-empty part of one dotted component and `*` matches any part of one (maybe
+    empty); neither crosses a dot. Two wildcards must be separated by literal text (adjacent ones
+    would be ambiguous), so each component matches greedily from the left: every wildcard ends at the
+    first occurrence of the literal after it, or at the component's end when that literal is its
+    suffix. A capture used twice must bind the same text."""
+
+    def __init__(self, pattern: str, source: str, key: str | None = None) -> None:
+        self.pattern = pattern
+        self.parts: list[list[tuple[str, str]]] = []  # per component: ("lit", text) | ("cap", name) | ("star", "")
+        for component in pattern.split("."):
+            tokens, pos = [], 0
+            for m in _WILDCARD.finditer(component):
+                if m.start() > pos:
+                    tokens.append(("lit", component[pos:m.start()]))
+                elif tokens and tokens[-1][0] != "lit":
+                    raise SpecError(f"two wildcards without text between them in {pattern!r} are ambiguous",
+                                    file=source, key=key or f"params.{pattern!r}",
+                                    hint="separate them with literal text, e.g. \"{a}_{b}\", or use one capture")
+                tokens.append(("cap", m.group(1)) if m.group(1) else ("star", ""))
+                pos = m.end()
+            if pos < len(component) or not tokens:
+                tokens.append(("lit", component[pos:]))
+            self.parts.append(tokens)
+
+    def fullmatch(self, name: str) -> _Match | None:
+        components = name.split(".")
+        if len(components) != len(self.parts):
+            return None
+        captures: dict[str, str] = {}
+        for text, tokens in zip(components, self.parts):
+            if not _match_component(text, tokens, captures):
+                return None
+        return _Match(captures)
+
+
+def _match_component(text: str, tokens: list[tuple[str, str]], captures: dict[str, str]) -> bool:
+    pos, k = 0, 0
+    if tokens[0][0] == "lit":
+        if not text.startswith(tokens[0][1]):
+            return False
+        pos, k = len(tokens[0][1]), 1
+    while k < len(tokens):
+        kind, label = tokens[k]  # a wildcard; tokens[k + 1], if any, is a literal
+        least = 1 if kind == "cap" else 0
+        if k + 1 == len(tokens):  # the last token: takes the rest
+            end = len(text)
+            nxt = len(text)
+        elif k + 2 == len(tokens):  # followed by the suffix
+            suffix = tokens[k + 1][1]
+            if not text.endswith(suffix):
+                return False
+            end = len(text) - len(suffix)
+            nxt = len(text)
+        else:
+            end = text.find(tokens[k + 1][1], pos + least)
+            if end < 0:
+                return False
+            nxt = end + len(tokens[k + 1][1])
+        if end - pos < least:
+            return False
+        if kind == "cap":
+            value = text[pos:end]
+            if captures.setdefault(label, value) != value:
+                return False
+        pos, k = nxt, k + 2
+    return pos == len(text)
+
+
+def _pattern_regex(pattern: str, source: str, key: str | None = None) -> _NamePattern:
+    """The matcher of a pattern (kept under its old name: callers use `.fullmatch(name).groupdict()`)."""
+    return _NamePattern(pattern, source, key)
 
 
 def _substitute(name: str, caps: dict, source: str, key: str, param: str | None, axis: int | None) -> str:
@@ -290,14 +414,20 @@ def _substitute(name: str, caps: dict, source: str, key: str, param: str | None,
 
 
 def _infer_sizes(spec, resolved, matched, concrete, shapes, given) -> dict[str, int]:
-    """Solve sum_seg prod_atoms size = axis length for unknown space and free-segment sizes."""
+    """Solve sum_seg prod_atoms size = axis length, jointly over every axis (compiler.sizes)."""
     known_names = set(resolved) | {d.name for d, _ in resolved.values()}
+    if not isinstance(given, Mapping):
+        raise TypeError(f"sizes must be a dict {{space: int}}, got {type(given).__name__}")
     for name, value in given.items():
+        if not isinstance(name, str):
+            raise TypeError(f"sizes: keys must be space names (str), got {name!r}")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"sizes[{short(name)!r}] must be an int, got {type(value).__name__}")
         if name not in known_names:
-            raise SpecError(f"a size is given for {name!r}, which no covered parameter uses",
-                            file=spec.source, key=f"spaces.{name}",
-                            hint=f"sizes can be set for {sorted(known_names)}")
-        if not isinstance(value, int) or value < 1:
+            raise SpecError(f"a size is given for {short(name)!r}, which no covered parameter uses",
+                            file=spec.source, key=f"spaces.{short(name)}",
+                            hint=f"sizes can be set for {few(sorted(known_names))}")
+        if value < 1:
             raise SpecError(f"size for {name!r} must be a positive integer, got {value!r}",
                             file=spec.source, key=f"spaces.{name}", hint="e.g. sizes={'head': 4}")
     sizes: dict[str, int] = {}
@@ -305,56 +435,17 @@ def _infer_sizes(spec, resolved, matched, concrete, shapes, given) -> dict[str, 
         value = given.get(s, given.get(d.name, d.size))
         if value is not None:
             sizes[s] = value
-    # an equation: (param, axis, [[atom keys]], length); free segments get a private key
+    # one equation per matched axis; free segments get a private unknown
     eqs = []
     for name, axes in concrete.items():
         for a, segs in enumerate(axes):
-            terms = [[f"_:{name}:{a}:{j}" if x == FREE else x for x in seg] for j, seg in enumerate(segs)]
-            eqs.append((name, a, terms, shapes[name][a]))
-    changed = True
-    while changed:
-        changed = False
-        for name, a, terms, length in eqs:
-            unknown = {x for t in terms for x in t if x not in sizes}
-            if len(unknown) != 1:
-                continue
-            (u,) = unknown
-            if sum(t.count(u) for t in terms) != 1:
-                continue
-            known = sum(math.prod(sizes[x] for x in t) for t in terms if u not in t)
-            (t,) = [t for t in terms if u in t]
-            coeff = math.prod(sizes[x] for x in t if x != u)
-            rest = length - known
-            if rest <= 0 or rest % coeff:
-                raise SpecError(f"cannot split axis of length {length}: the other factors give "
-                                f"{known} + {coeff} * size({u.split(':')[0]}), which has no positive "
-                                "integer solution", file=spec.source,
-                                key=f"params.{matched[name][0].pattern!r}", param=name, axis=a,
-                                hint="check the segments and the declared sizes")
-            sizes[u] = rest // coeff
-            changed = True
-    for name, a, terms, length in eqs:
-        key = f"params.{matched[name][0].pattern!r}"
-        missing = sorted({x for t in terms for x in t if x not in sizes})
-        if missing:
-            what = [m if not m.startswith("_:") else "a free segment" for m in missing]
-            raise SpecError(f"cannot infer the size of {what} from axis length {length}", file=spec.source,
-                            key=key, param=name, axis=a,
-                            hint="declare size = ... for the space(s), or leave at most one unknown "
-                            "factor per axis")
-        total = sum(math.prod(sizes[x] for x in t) for t in terms)
-        if total != length:
-            desc = " + ".join("*".join(f"{x.split(':')[0] if not x.startswith('_:') else '_'}={sizes[x]}"
-                                        for x in t) for t in terms)
-            raise SpecError(f"inconsistent sizes: {desc} gives {total}, but the axis has length {length}",
-                            file=spec.source, key=key, param=name, axis=a,
-                            hint="a space shared by several axes must have the same size everywhere; "
-                            "check the declared sizes and the segment split")
-    return sizes
+            terms = tuple(tuple(f"_:{name}:{a}:{j}" if x == FREE else x for x in seg) for j, seg in enumerate(segs))
+            eqs.append(AxisEquation(name, a, f"params.{matched[name][0].pattern!r}", terms, shapes[name][a]))
+    return solve_sizes(eqs, sizes, spec.source, {s: d.name for s, (d, _) in resolved.items()})
 
 
 def _symbol_name(space: str, taken: set[str]) -> str:
-    base = "n_" + re.sub(r"\W", "_", space)
+    base = "n_" + re.sub(r"[^A-Za-z0-9_]", "_", space)  # ASCII: no input text in identifiers
     name, k = base, 1
     while name in taken:  # two instance names that sanitise alike
         name, k = f"{base}_{k}", k + 1

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | Non
     The generated code is cached in memory and on disk (see README, "Kernel cache"); a second call
     with the same spec and shapes costs a parse and a hash.
     """
-    if isinstance(spec, (str, Path)):
+    if isinstance(spec, (str, os.PathLike)):
         spec = load_spec(spec)
+    elif not isinstance(spec, Spec):
+        raise TypeError(f"compile: spec must be a Spec, a path or a bundled spec name (e.g. 'gpt_muon'), "
+                        f"got {type(spec).__name__}")
     return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache))

@@ -1,4 +1,4 @@
-"""Command line: `symo compile SPEC --model module:factory` (or `--shapes ...`).
+"""Command line: `symo compile SPEC --model module:factory` (or `--shapes ...`), `symo params --model ...`.
 
 Prints the isotypic blocks (labels, multiplicities, irrep dimensions), factor memory against dense
 and against Shampoo, the uncovered parameters, and where the generated code lives.
@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
+from .compiled import fit_lines
 from .compiler import SpecError
 
 
@@ -22,14 +25,29 @@ def _load_factory(text: str):
     try:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"--model {text!r}: {exc}") from exc
-    return factory()
+        raise SystemExit(f"--model {text!r}: {exc}") from None
+    if not callable(factory):
+        raise SystemExit(f"--model {text!r}: {attr} is not callable (give a function or class returning an nn.Module)")
+    try:
+        model = factory()
+    except Exception as exc:  # the user's factory: report it, without a traceback
+        raise SystemExit(f"--model {text!r}: the factory raised {type(exc).__name__}: {exc}") from None
+    if not callable(getattr(model, "named_parameters", None)):
+        raise SystemExit(f"--model {text!r}: the factory returned {type(model).__name__}, not an nn.Module")
+    return model
 
 
 def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
     """`name=16x8,other=16` or a path to a JSON file {name: [16, 8]}."""
     if Path(text).is_file():
-        return {k: tuple(v) for k, v in json.loads(Path(text).read_text()).items()}
+        try:
+            data = json.loads(Path(text).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SystemExit(f"--shapes {text}: cannot read a JSON object {{name: [dims]}} ({exc})") from None
+        if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+            raise SystemExit(f"--shapes {text}: expected a JSON object {{name: [dims]}}, "
+                             'e.g. {"fc1.weight": [16, 8]}')
+        return {k: tuple(v) for k, v in data.items()}
     shapes = {}
     for item in filter(None, text.split(",")):
         name, sep, dims = item.partition("=")
@@ -53,10 +71,13 @@ def _parse_sizes(items: list[str]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="symo", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"symo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile", help="compile a spec and print its structure")
-    c.add_argument("spec", help="path to a .toml spec file")
+    c.add_argument("spec", help="path to a .toml spec file, or the name of a bundled spec (e.g. gpt_muon)")
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="module:factory returning an nn.Module, e.g. symo.models:gpt_small")
     src.add_argument("--shapes", help="name=16x8,other=16 or a JSON file {name: shape}")
@@ -65,17 +86,30 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--source", action="store_true", help="also print the generated code")
     c.add_argument("--optimizer", action="store_true",
                    help="also report the Symo optimizer it builds (default options; needs --model)")
+    c.set_defaults(run=_compile_command)
+    _add_params_command(sub)
     args = parser.parse_args(argv)
-
-    import symo
-
-    target = _load_factory(args.model) if args.model else _parse_shapes(args.shapes)
     try:
-        compiled = symo.compile(args.spec, target, sizes=_parse_sizes(args.size) or None,
-                                disk_cache=not args.no_disk_cache)
+        return args.run(args)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BrokenPipeError:  # `symo ... | head`: the reader left; not an error worth a message
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # no traceback for a user: the error and where to look
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _compile_command(args: argparse.Namespace) -> int:
+    import symo
+
+    target = _load_factory(args.model) if args.model else _parse_shapes(args.shapes)
+    compiled = symo.compile(args.spec, target, sizes=_parse_sizes(args.size) or None,
+                            disk_cache=not args.no_disk_cache)
     print(compiled.describe())
     if args.source:
         print(compiled.source)
@@ -87,9 +121,31 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(opt.describe())
         m = opt.memory_report()
-        print(f"optimizer state (numbers): Symo {m['symo']:,} (block statistics {m['symo_block_statistics']:,}) | "
-              f"AdamW {m['adamw']:,} ({m['symo'] / m['adamw']:.2f}x of AdamW) | "
-              f"Shampoo factors + AdamW {m['shampoo']:,} ({m['symo'] / max(m['shampoo'], 1):.2f}x of Shampoo)")
+        print(fit_lines([
+            f"optimizer state (numbers): Symo {m['symo']:,} (block statistics {m['symo_block_statistics']:,}) | "
+            f"AdamW {m['adamw']:,} ({m['symo'] / m['adamw']:.2f}x of AdamW) | "
+            f"Shampoo factors + AdamW {m['shampoo']:,} ({m['symo'] / max(m['shampoo'], 1):.2f}x of Shampoo)"]))
+    return 0
+
+
+def _add_params_command(sub) -> None:
+    p = sub.add_parser("params", help="list a model's parameter names and shapes (what a spec's [params] matches)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="module:factory returning an nn.Module, e.g. symo.models:gpt_small")
+    src.add_argument("--shapes", help="name=16x8,other=16 or a JSON file {name: shape}")
+    p.set_defaults(run=_params_command)
+
+
+def _params_command(args: argparse.Namespace) -> int:
+    from .compiler import shapes_of
+
+    shapes = shapes_of(_load_factory(args.model) if args.model else _parse_shapes(args.shapes))
+    width = min(max([len(n) for n in shapes] + [4]), 80)
+    total = sum(math.prod(s) for s in shapes.values())
+    print(f"{len(shapes)} parameters, {total:,} numbers (names as a spec's [params] keys match them)")
+    print(f"  {'name':<{width}}  shape")
+    for name, shape in shapes.items():
+        print(f"  {name:<{width}}  ({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''})")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,22 +165,25 @@ class CompiledSpec:
         }
 
     def describe(self) -> str:
-        """A human-readable table of the blocks, memory and uncovered parameters (the CLI prints it)."""
+        """A human-readable report of the blocks, memory and uncovered parameters (the CLI prints it);
+        lines fit in `REPORT_WIDTH` columns. Its terms are explained in docs/theory.md."""
         lines = [f"spec {self.name!r} ({self.spec_file}); {len(self.param_names)} covered parameters, "
                  f"{len(self.uncovered)} uncovered; {len(self.blocks)} isotypic blocks"]
-        lines.append(f"  {'block':<6} {'label':<42} {'batch':>5} {'mult':>6} {'width':>6} {'dim':>8}  "
+        label_width = min(max([len(b.name) for b in self.blocks] + [5]), 30)
+        lines.append(f"  {'block':<5} {'label':<{label_width}} {'batch':>5} {'mult':>6} {'width':>6} {'dim':>7}  "
                      "parameters")
         for b in self.blocks:
-            params = ", ".join(b.params)
-            if len(params) > 60:
-                params = params[:57] + "..."
-            lines.append(f"  {b.id:<6} {b.name[:42]:<42} {b.batch:>5} {b.mult:>6} {b.width:>6} "
-                         f"{b.dim:>8}  {params}")
+            row = f"  {b.id:<5} {b.name:<{label_width}} {b.batch:>5} {b.mult:>6} {b.width:>6} {b.dim:>7}  "
+            params = textwrap.wrap(compact_names(b.params), max(REPORT_WIDTH - len(row), 40),
+                                   break_on_hyphens=False) or [""]
+            lines.append(row + params[0])
+            lines += [" " * len(row) + more for more in params[1:]]  # continuation under the column
         coupled = [(sp, ps) for sp, ps in self.couplings if len(ps) > 1]
         if coupled:
-            lines.append("coupled by shared spaces: " + "; ".join(
-                f"{{{', '.join(ps)}}} via {', '.join(sp)}" for sp, ps in coupled[:8])
-                + (f"; ... {len(coupled) - 8} more" if len(coupled) > 8 else ""))
+            lines.append(f"coupled by shared spaces ({len(coupled)} groups of parameters):")
+            lines += [f"  {{{summarize_names(ps)}}} via {', '.join(sp)}" for sp, ps in coupled[:4]]
+            if len(coupled) > 4:
+                lines.append(f"  ... {len(coupled) - 4} more")
         m = self.memory()
         lines.append(f"memory (numbers): factors {m['factors']:,} | dense S {m['dense']:,} "
                      f"({m['dense'] / max(m['factors'], 1):,.0f}x more) | Shampoo {m['shampoo']:,} "
@@ -187,7 +191,8 @@ class CompiledSpec:
         if self.uncovered:
             lines.append("uncovered (not curvature-preconditioned): " + summarize_names(self.uncovered))
         lines.append(f"generated code: {self.source_path or '(memory only)'} [{self.from_cache}]")
-        return "\n".join(lines)
+        lines.append(TERMS_NOTE)
+        return fit_lines(lines)
 
     def same_binding(self, other: CompiledSpec) -> bool:
         """Same source and same sizes: curvatures of the two can be added."""
@@ -196,6 +201,34 @@ class CompiledSpec:
 
     def __repr__(self) -> str:
         return f"CompiledSpec({self.name!r}, params={len(self.param_names)}, blocks={len(self.blocks)})"
+
+
+REPORT_WIDTH = 120
+TERMS_NOTE = ("terms: label = the block's irreducible pieces nat / std (triv pieces are omitted), batch = heads, "
+              "mult x width = the shape of Y, dim = the irrep dimension d; see docs/theory.md")
+
+
+def fit_lines(lines: list[str], width: int = REPORT_WIDTH) -> str:
+    """Join report lines, wrapping any longer than `width` columns onto indented continuation lines."""
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [line[:width]]
+    return "\n".join(out)
+
+
+def compact_names(names) -> str:
+    """Names sharing all but their last component folded: transformer.h.0.attn.c_attn.{weight, bias}."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        head, _, last = name.rpartition(".")
+        groups.setdefault(head, []).append(last)
+    return ", ".join(f"{head}.{parts[0]}" if len(parts) == 1 and head else parts[0] if len(parts) == 1
+                     else f"{head}.{{{', '.join(parts)}}}" if head else ", ".join(parts)
+                     for head, parts in groups.items())
 
 
 def summarize_names(names) -> str:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from .compiled import CompiledSpec, check_finite_tensors, summarize_names
+from .compiled import CompiledSpec, check_finite_tensors, fit_lines, summarize_names
 from .compiler import Spec
 from .linalg import (
     FLOAT64_EIGH_MAX,
@@ -37,6 +37,7 @@ from .linalg import (
     newton_schulz,
     sym_power,
 )
+from .optim_checks import _adamw_checks, _check_group_options, _check_state_dict, _check_types
 
 SpecLike = str | Path | Spec | CompiledSpec
 NamedParams = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | Iterable[dict[str, Any]]
@@ -113,6 +114,7 @@ class SymoConfig:
     estimator, no geometric mean): momentum -> coordinates -> polar -> scatter."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         checks = [
             (0.0 <= self.beta1 < 1.0, "beta1 must be in [0, 1)"),
             (0.0 <= self.beta2 <= 1.0, "beta2 must be in [0, 1] (1 = running sum)"),
@@ -126,6 +128,18 @@ class SymoConfig:
             (self.backend in ("auto", "eigh", "newton_schulz"), "backend must be auto|eigh|newton_schulz"),
             (self.backend != "newton_schulz" or (self.power == -0.5 and self.geometric_mean_with is None),
              "the newton_schulz backend computes the -1/2 power only (power = -0.5, no geometric mean)"),
+            # as torch.optim validates its options: finite, in range, the option named
+            (math.isfinite(self.damping), f"damping must be finite, got {self.damping}"),
+            (math.isfinite(self.power), f"power must be finite, got {self.power}"),
+            (self.weight_decay >= 0.0 and math.isfinite(self.weight_decay),
+             f"Invalid weight_decay value: {self.weight_decay} (must be a finite number >= 0)"),
+            (self.adamw_rms > 0.0 and math.isfinite(self.adamw_rms), f"adamw_rms must be > 0, got {self.adamw_rms}"),
+            (self.eigh_max_size >= 1, f"eigh_max_size must be >= 1, got {self.eigh_max_size}"),
+            (self.ns_steps >= 1, f"ns_steps must be >= 1, got {self.ns_steps}"),
+            (self.ns_inverse_steps >= 1, f"ns_inverse_steps must be >= 1, got {self.ns_inverse_steps}"),
+            (len(self.ns_coeffs) == 3 and all(math.isfinite(c) for c in self.ns_coeffs),
+             f"ns_coeffs must be three finite numbers (a, b, c), got {self.ns_coeffs!r}"),
+            *_adamw_checks(self.adamw_lr, self.adamw_betas, self.adamw_eps, self.adamw_wd),
         ]
         for ok, message in checks:
             if not ok:
@@ -165,9 +179,22 @@ class Symo(torch.optim.Optimizer):
 
     def __init__(self, params: NamedParams, spec: SpecLike, lr: float = 1e-3, config: SymoConfig | None = None,
                  *, sizes: dict[str, int] | None = None, **overrides: Any) -> None:
+        if config is not None and not isinstance(config, SymoConfig):
+            raise TypeError(f"config must be a SymoConfig, got {type(config).__name__}")
+        unknown = sorted(set(overrides) - {f.name for f in fields(SymoConfig)})
+        if unknown:
+            raise TypeError(f"Symo got unknown option(s) {unknown}; the options are the fields of SymoConfig")
         cfg = replace(config or SymoConfig(), **overrides)
         self.config = cfg
+        if sizes is not None and not isinstance(sizes, Mapping):
+            raise TypeError(f"sizes must be a dict {{space: int}}, got {type(sizes).__name__}")
+        if not isinstance(spec, (str, Path, Spec, CompiledSpec)):
+            raise TypeError(f"spec must be a path, a bundled spec name, a Spec or a CompiledSpec, got "
+                            f"{type(spec).__name__}")
         user_groups = _normalise_groups(params)
+        for gi, g in enumerate(user_groups):  # before compiling: a bad option fails fast
+            _check_group_options({k: g.get(k, lr if k == "lr" else getattr(cfg, k)) for k in GROUP_KEYS},
+                                 "" if len(user_groups) == 1 else f"param group {gi}: ")
         named = {n: p for g in user_groups for n, p in g["params"]}
         shapes = {n: tuple(p.shape) for n, p in named.items()}
         self.compiled = _compile(spec, shapes, sizes)
@@ -228,10 +255,11 @@ class Symo(torch.optim.Optimizer):
         for stage in self._stages:
             for b in stage.compiled.blocks:
                 c = stage.consts[b.id]
-                lines.append(f"  [{stage.compiled.name}] {b.id} {b.name}: Y {b.batch}x{b.mult}x{b.width}, "
-                             f"d={b.dim}, backend={c['backend']}; {', '.join(b.params)}")
+                tag = f"[{stage.compiled.name}] " if len(self._stages) > 1 else ""
+                lines.append(f"  {tag}{b.id} {b.name}: Y {b.batch}x{b.mult}x{b.width}, "
+                             f"d={b.dim}, backend={c['backend']}; {summarize_names(b.params)}")
         lines.append("  AdamW: " + (summarize_names(adam) if adam else "(none)"))
-        return "\n".join(lines)
+        return fit_lines(lines)
 
     # ------------------------------------------------------------------ static per-block choices
     def _block_consts(self, b, power: float, first: bool) -> dict[str, Any]:
@@ -259,6 +287,11 @@ class Symo(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for g in self.param_groups:
+            for n, p in zip(g["param_names"], g["params"]):
+                if p.grad is not None and p.grad.layout != torch.strided:
+                    raise RuntimeError(f"Symo does not support sparse gradients (parameter {n!r}); use a dense "
+                                       "gradient (e.g. nn.Embedding(..., sparse=False)) or torch.optim.SparseAdam")
         if self.config.check_finite:
             grads = {n: p.grad for g in self.param_groups for n, p in zip(g["param_names"], g["params"])
                      if p.grad is not None}
@@ -452,9 +485,19 @@ class Symo(torch.optim.Optimizer):
                 p.add_((st["exp_avg"] / denom).to(p.dtype), alpha=-step_size)
 
     # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict plus "symo": the spec key, sizes and stages it was saved for, so
+        `load_state_dict` can refuse a checkpoint of another spec, width or parameter set."""
+        out = super().state_dict()
+        out["symo"] = {"spec": self.compiled.name, "keys": [st.compiled.key for st in self._stages],
+                       "sizes": [dict(st.compiled.sizes) for st in self._stages]}
+        return out
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As torch's, plus the block statistics (plain tensors keyed by block id): copied to the
-        parameters' device so the loaded optimizer owns them."""
+        parameters' device so the loaded optimizer owns them. The checkpoint is checked first
+        against this optimizer's spec, widths and parameters (ValueError naming what differs)."""
+        _check_state_dict(self, state_dict)
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         super().load_state_dict(state_dict)
         # torch casts per-parameter state to the parameter's dtype (bf16 momentum!) and keeps `step`
@@ -552,6 +595,9 @@ def _compile(spec: SpecLike, shapes: dict[str, tuple[int, ...]], sizes: dict[str
 
 def _normalise_groups(params: NamedParams) -> list[dict[str, Any]]:
     """-> [{"params": [(name, tensor), ...], **options}], rejecting unnamed tensors."""
+    if torch.is_tensor(params) or isinstance(params, (str, bytes)) or not isinstance(params, (Iterable, Mapping)):
+        raise TypeError("params must be named parameters: model.named_parameters(), a {name: param} dict or "
+                        f"param groups; got {type(params).__name__}")
     if isinstance(params, Mapping):
         params = list(params.items())
     params = list(params)
@@ -566,10 +612,15 @@ def _normalise_groups(params: NamedParams) -> list[dict[str, Any]]:
         if unknown:
             raise ValueError(f"unknown param-group option(s) {sorted(unknown)}; per-group options are "
                              f"{GROUP_KEYS} (curvature options are global: SymoConfig)")
+        if "params" not in g:
+            raise ValueError("a param group needs a 'params' entry: {'params': [(name, param), ...], ...}")
         items = g["params"]
+        if torch.is_tensor(items) or not isinstance(items, (Iterable, Mapping)):
+            raise TypeError(f"a param group's 'params' must be [(name, param), ...], got {type(items).__name__}")
         items = list(items.items()) if isinstance(items, Mapping) else list(items)
         for item in items:
-            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], torch.Tensor)):
                 raise TypeError("Symo needs named parameters: pass model.named_parameters() or groups "
                                 "with 'params': [(name, param), ...]")
             if item[0] in seen:
