@@ -19,6 +19,7 @@ mention them and which size to give; *inconsistent* names the two axes that disa
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -108,7 +109,10 @@ def _solve_jointly(open_eqs: list[AxisEquation], sizes: dict[str, int], origin: 
         frontier = {x for eq in open_eqs for t in eq.terms for x in t
                     if x not in sizes and not component.isdisjoint(y for s in eq.terms for y in s)} - component
     eqs = [eq for eq in open_eqs if not component.isdisjoint(x for t in eq.terms for x in t)]
-    names = sorted(component)
+    # sympy solves for the first symbols and leaves the last ones free: put last the sizes a user
+    # would rather give (those in most axes and segments: head before d_head), so the hint names them
+    names = sorted(component, key=lambda x: (sum(any(x in t for t in eq.terms) for eq in eqs),
+                                             sum(t.count(x) for eq in eqs for t in eq.terms), x))
     symbols = {x: sympy.Symbol(f"s{i}", positive=True, integer=True) for i, x in enumerate(names)}
     exprs = [sympy.Add(*[sympy.Mul(*[symbols[x] if x in symbols else sizes[x] for x in t]) for t in eq.terms])
              - eq.length for eq in eqs]
@@ -118,6 +122,11 @@ def _solve_jointly(open_eqs: list[AxisEquation], sizes: dict[str, int], origin: 
         solutions = [{}]
     exact = [s for s in solutions if len(s) == len(symbols) and all(v.is_Integer and v > 0 for v in s.values())]
     open_ = [s for s in solutions if s not in exact]
+    if open_:  # a parametric family may still hold one positive-integer point (a * b = 1): count them
+        points = _enumerate(names, eqs, sizes)
+        if points is not None and len(points) < 2:
+            exact, open_ = [{symbols[x]: sympy.Integer(v) for x, v in p.items()} for p in points], []
+            solutions = exact
     if len(exact) == 1 and not open_:
         for x, sym in symbols.items():
             sizes[x] = int(exact[0][sym])
@@ -149,6 +158,25 @@ def _solve_jointly(open_eqs: list[AxisEquation], sizes: dict[str, int], origin: 
     eq = mentions[0] if mentions else eqs[0]
     raise SpecError(f"cannot infer the size of {few(what)}: the shapes leave them free ({axes})",
                     file=source, key=eq.key, param=eq.param, axis=eq.axis, hint=hint)
+
+
+ENUMERATION_LIMIT = 20_000  # candidate points; beyond it a parametric solution counts as free
+
+
+def _enumerate(names: list[str], eqs: list[AxisEquation], sizes: Mapping[str, int]) -> list[dict] | None:
+    """Every positive-integer solution, by enumeration: each unknown is at most the length of an axis
+    it appears in (all terms are positive). None when there are too many candidates; at most 2 kept."""
+    bounds = {x: min(eq.length for eq in eqs if any(x in t for t in eq.terms)) for x in names}
+    if math.prod(bounds.values()) > ENUMERATION_LIMIT:
+        return None
+    found = []
+    for values in itertools.product(*[range(1, bounds[x] + 1) for x in names]):
+        trial = {**sizes, **dict(zip(names, values))}
+        if all(sum(math.prod(trial[x] for x in t) for t in eq.terms) == eq.length for eq in eqs):
+            found.append(dict(zip(names, values)))
+            if len(found) > 1:
+                break
+    return found
 
 
 def _origins(eq: AxisEquation, sizes: Mapping[str, int], origin: Mapping) -> str:
