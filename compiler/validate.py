@@ -445,7 +445,9 @@ def _infer_sizes(spec, resolved, matched, concrete, shapes, given) -> dict[str, 
 
 
 def _symbol_name(space: str, taken: set[str]) -> str:
-    base = "n_" + re.sub(r"[^A-Za-z0-9_]", "_", space)  # ASCII: no input text in identifiers
+    # a plain ASCII identifier names its symbol (n_h1, n_head3); any other instance name (captured
+    # from arbitrary parameter text) gets a numbered one, so no input text reaches an identifier
+    base = f"n_{space}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", space) else f"n_space{len(taken)}"
     name, k = base, 1
     while name in taken:  # two instance names that sanitise alike
         name, k = f"{base}_{k}", k + 1

@@ -106,6 +106,12 @@ def _check_state_dict(opt: Symo, state_dict: object) -> None:
                 shown = dict(list(diff.items())[:4])
                 raise ValueError(f"load_state_dict: the checkpoint was saved for other widths; (saved, now): {shown}")
     groups = state_dict["param_groups"]
+    saved_names = [n for g in groups for n in g.get("param_names", [])]
+    my_names = [n for g in opt.param_groups for n in g["param_names"]]
+    if saved_names and set(saved_names) != set(my_names):
+        raise ValueError(f"load_state_dict: the checkpoint was saved for other parameters (only in the checkpoint: "
+                         f"{sorted(set(saved_names) - set(my_names))[:3]}; only here: "
+                         f"{sorted(set(my_names) - set(saved_names))[:3]})")
     if len(groups) != len(opt.param_groups):
         raise ValueError(f"load_state_dict: the checkpoint has {len(groups)} parameter groups, this optimizer "
                          f"{len(opt.param_groups)}; build the optimizer with the same parameters and groups")
