@@ -190,8 +190,8 @@ class CompiledSpec:
                      f"({m['shampoo'] / max(m['factors'], 1):.2f}x)")
         if self.uncovered:
             lines.append("uncovered (not curvature-preconditioned): " + summarize_names(self.uncovered))
-        lines.append(f"generated code: {self.source_path or '(memory only)'} [{self.from_cache}]")
         lines.append(TERMS_NOTE)
+        lines.append(f"generated code: {self.source_path or '(memory only)'} [{self.from_cache}]")
         return fit_lines(lines)
 
     def same_binding(self, other: CompiledSpec) -> bool:
