@@ -183,7 +183,7 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
         found = [(r, m) for r, rx in rules if (m := rx.fullmatch(name))]
         if len(found) > 1:
             keys = [f"params.{r.pattern!r}" for r, _ in found]
-            raise SpecError(f"parameter matches several rules: {keys}", file=spec.source, key=keys[0],
+            raise SpecError(f"parameter matches several rules: {few(keys, 4)}", file=spec.source, key=keys[0],
                             param=name, hint="make the patterns disjoint so each parameter has one rule")
         if found:
             r, m = found[0]

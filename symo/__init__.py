@@ -35,6 +35,10 @@ def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | Non
     The generated code is cached in memory and on disk (see README, "Kernel cache"); a second call
     with the same spec and shapes costs a parse and a hash.
     """
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise TypeError(f"compile: cache_dir must be a path, got {type(cache_dir).__name__}")
+    if not isinstance(disk_cache, bool):
+        raise TypeError(f"compile: disk_cache must be True or False, got {disk_cache!r}")
     if isinstance(spec, (str, os.PathLike)):
         spec = load_spec(spec)
     elif not isinstance(spec, Spec):

@@ -71,9 +71,19 @@ class CompiledSpec:
     # ------------------------------------------------------------ coordinates
     def gather(self, tensors: Tensors) -> dict[str, torch.Tensor]:
         """{param: tensor} -> {block id: Y (batch, mult, width)}: the isotypic coordinates."""
+        if not isinstance(tensors, Mapping):
+            raise TypeError(f"expected a dict {{parameter name: tensor}}, got {type(tensors).__name__}")
         missing = [n for n in self.param_names if n not in tensors]
         if missing:
-            raise KeyError(f"missing tensors for covered parameters {missing}")
+            raise KeyError(f"missing tensors for covered parameters {missing[:5]}"
+                           + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+        for n in self.param_names:
+            t = tensors[n]
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"tensors[{n!r}] must be a torch.Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != self.shapes[n]:
+                raise ValueError(f"tensors[{n!r}] has shape {tuple(t.shape)}, but the spec was compiled for "
+                                 f"{self.shapes[n]}; compile it for this model's shapes")
         return self._gather(tensors)
 
     def scatter(self, ys: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -167,8 +177,8 @@ class CompiledSpec:
     def describe(self) -> str:
         """A human-readable report of the blocks, memory and uncovered parameters (the CLI prints it);
         lines fit in `REPORT_WIDTH` columns. Its terms are explained in docs/theory.md."""
-        lines = [f"spec {self.name!r} ({self.spec_file}); {len(self.param_names)} covered parameters, "
-                 f"{len(self.uncovered)} uncovered; {len(self.blocks)} isotypic blocks"]
+        lines = [f"spec {self.name!r}: {len(self.param_names)} covered parameters, {len(self.uncovered)} uncovered; "
+                 f"{len(self.blocks)} isotypic blocks", f"  file: {self.spec_file}"]
         label_width = min(max([len(b.name) for b in self.blocks] + [5]), 30)
         lines.append(f"  {'block':<5} {'label':<{label_width}} {'batch':>5} {'mult':>6} {'width':>6} {'dim':>7}  "
                      "parameters")

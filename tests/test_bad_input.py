@@ -163,7 +163,17 @@ API_CASES = [
     ("sizes-int-key", lambda: symo.compile(symo.parse_spec(GOOD), MLP, sizes={3: 3}), TypeError, "sizes"),
     ("sizes-zero", lambda: symo.compile(symo.parse_spec(GOOD), MLP, sizes={"h": 0}), symo.SpecError, "'h'"),
     ("sizes-negative", lambda: symo.compile(symo.parse_spec(GOOD), MLP, sizes={"h": -1}), symo.SpecError, "'h'"),
+    ("cache_dir-int", lambda: symo.compile(symo.parse_spec(GOOD), MLP, cache_dir=3), TypeError, "cache_dir"),
+    ("disk_cache-str", lambda: symo.compile(symo.parse_spec(GOOD), MLP, disk_cache="no"), TypeError, "disk_cache"),
+    ("gather-list", lambda: compiled_good().gather([1]), TypeError, "dict"),
+    ("gather-not-tensor", lambda: compiled_good().gather({n: s for n, s in MLP.items()}), TypeError, "fc1.weight"),
+    ("gather-wrong-shape", lambda: compiled_good().orbit_average({n: torch.zeros(2) for n in MLP}), ValueError,
+     "fc1.weight"),
 ]
+
+
+def compiled_good() -> symo.CompiledSpec:
+    return symo.compile(symo.parse_spec(GOOD), MLP, disk_cache=False)
 
 
 @pytest.mark.parametrize("case", API_CASES, ids=[c[0] for c in API_CASES])
