@@ -66,8 +66,9 @@ class Inference:
         return sum(1 for s in self.spaces if s.status in ("true", "narrowed"))
 
     def report(self) -> str:
+        share = 100 * self.covered_params / max(self.total_params, 1)
         lines = [f"inferred spec {self.spec.name!r}: {len(self.spaces)} spaces, {self.covered_params:,} of "
-                 f"{self.total_params:,} parameters covered ({100 * self.covered_params / max(self.total_params, 1):.1f}%)"]
+                 f"{self.total_params:,} parameters covered ({share:.1f}%)"]
         width = max([len(s.name) for s in self.spaces] + [5])
         for s in self.spaces:
             per = f" per {s.per}" if s.per else ""
@@ -297,4 +298,42 @@ def _muon_layout(layout: Layout) -> Layout:
         sid = len(out.spaces) + 1
         out.spaces[sid] = Space(sid, shape[o], "signed_perm", "Muon: a private row space (relaxed)", params=[name])
         out.axes[name] = [[((sid,),)[0]] if i == o else [(("_", n),)] for i, n in enumerate(shape)]
+    return out
+
+
+@dataclass
+class SpaceCheck:
+    """`symo check`: one declared space, whether the model's outputs see it."""
+
+    space: str
+    group: str
+    per: str | None
+    size: int
+    rel_change: float | None  # None for identity spaces (no action)
+    tolerance: float
+
+    @property
+    def status(self) -> str:
+        if self.rel_change is None:
+            return "identity"
+        return "true" if self.rel_change <= self.tolerance else "relaxed"
+
+
+def check_spec(spec: Spec | str, model: nn.Module, example_inputs: Any = None, *, sizes: dict[str, int] | None = None,
+               trials: int = 2, tolerance: float = 1e-9, seed: int = 0) -> list[SpaceCheck]:
+    """For each declared space (hand-written or inferred), the relative change of the model's float64
+    outputs under random elements of its group alone: "true" at rounding level, else "relaxed"."""
+    from .compiler import load_spec, shapes_of
+
+    if not isinstance(spec, Spec):
+        spec = load_spec(spec)
+    bound = bind(spec, shapes_of(model), sizes)
+    args, kwargs = default_example_inputs(model) if example_inputs is None else normalize_inputs(example_inputs)
+    check = OutputCheck(model, args, kwargs)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for name, sp in bound.spaces.items():
+        rel = None if sp.group == "identity" else check.rel_change(bound, {name: sp.group}, trials=trials,
+                                                                    generator=gen)
+        out.append(SpaceCheck(name, sp.group, sp.per, sp.size, rel, tolerance))
     return out

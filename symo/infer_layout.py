@@ -161,7 +161,8 @@ def build_layout(tr: TraceResult, shapes: dict[str, tuple[int, ...]], heads: int
         layout.dropped.append(Dropped("; ".join(reasons), sorted(params, key=list(shapes).index)))
     for op, atoms in tr.unknown:
         roots = {g.find(x) for a in atoms for x in _all_leaves(g, a)}
-        params = [n for n, pa in tr.param_atoms.items() if any(g.find(x) in roots for a in pa for x in _all_leaves(g, a))]
+        params = [n for n, pa in tr.param_atoms.items()
+                  if any(g.find(x) in roots for a in pa for x in _all_leaves(g, a))]
         layout.unknown.append((op, params))
     layout.prune()
     _repeated_spaces(layout)

@@ -132,8 +132,8 @@ class Tracer(TorchFunctionMode):
     def add_data(self, t: torch.Tensor) -> None:
         self._set(t, [self.g.new(s, pinned=True) for s in t.shape], CONST, data=True)
 
-    def _set(self, t: torch.Tensor, atoms: list[int], parity: str, data: bool = False) -> None:
-        self.recs[id(t)] = Rec(list(atoms), parity, data)
+    def _set(self, t: torch.Tensor, atoms: list[int], parity: str, data: bool = False, why: str | None = None) -> None:
+        self.recs[id(t)] = Rec(list(atoms), parity, data, why if parity == NONE else None)
         self.keep.append(t)
 
     def rec(self, t) -> Rec | None:
@@ -236,7 +236,7 @@ def _identity(tr: Tracer, name, args, kwargs, out):
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape):
         raise NotImplementedError
     r = tr.rec(x)
-    tr._set(out, r.atoms, r.parity, r.data)
+    tr._set(out, r.atoms, r.parity, r.data, r.why)
 
 
 @_handles(*STATIC_OUT)
@@ -275,7 +275,7 @@ def _unary(tr: Tracer, name, args, kwargs, out):
     parity = _unary_parity(name, r.parity)
     tr._set(out, r.atoms, parity, r.data)
     if parity == NONE:
-        tr.recs[id(out)].why = name
+        tr.recs[id(out)].why = r.why or name
 
 
 def _align(tr: Tracer, operands, out, name) -> list[int]:
@@ -354,7 +354,10 @@ def _binary(tr: Tracer, name, args, kwargs, out):
     data = all(tr.rec(t) is None or tr.rec(t).data for t in operands if isinstance(t, torch.Tensor))
     tr._set(out, atoms, parity, data)
     if parity == NONE:
-        tr.recs[id(out)].why = name
+        prior = [r.why for t in operands if (r := tr.rec(t)) is not None and r.why]
+        tr.recs[id(out)].why = prior[0] if prior else {
+            "add": "x + c, a constant offset (as in tanh-GELU's 1 + tanh(...))", "sub": "x - c, a constant offset",
+            "mul": "a product of hidden values"}.get(base, name)
 
 
 def _residual_roots(tr: Tracer, a, b, out) -> list[int]:
@@ -463,7 +466,7 @@ def _reshape(tr: Tracer, name, args, kwargs, out):
         for a in r.atoms:
             tr.g.pin(a, f"{name} from {tuple(x.shape)} to {tuple(out.shape)} regroups the axis in a way not understood")
         atoms = [tr.g.new(s, pinned=True) for s in out.shape]
-    tr._set(out, atoms, r.parity, r.data)
+    tr._set(out, atoms, r.parity, r.data, r.why)
 
 
 def _dims(x, args):
@@ -496,7 +499,7 @@ def _permute(tr: Tracer, name, args, kwargs, out):
             order[d] = s
         it = iter(rest)
         order = [o if o is not None else next(it) for o in order]
-    tr._set(out, [r.atoms[i] for i in order], r.parity, r.data)
+    tr._set(out, [r.atoms[i] for i in order], r.parity, r.data, r.why)
 
 
 @_handles("expand", "expand_as", "broadcast_to", "repeat", "tile")
@@ -514,7 +517,7 @@ def _expand(tr: Tracer, name, args, kwargs, out):
             atoms.append(tr.g.new(out.shape[k], pinned=True))
         else:
             atoms.append(tr.g.new(out.shape[k], pinned=True))
-    tr._set(out, atoms, r.parity, r.data)
+    tr._set(out, atoms, r.parity, r.data, r.why)
 
 
 @_handles("split", "chunk", "tensor_split", "split_with_sizes", "unbind", "unsafe_split")
@@ -536,7 +539,7 @@ def _split(tr: Tracer, name, args, kwargs, out):
     for t, p in zip(out, pieces):
         atoms = list(r.atoms)
         atoms[d] = p
-        tr._set(t, atoms, r.parity, r.data)
+        tr._set(t, atoms, r.parity, r.data, r.why)
 
 
 @_handles("cat", "concat", "concatenate", "stack", "hstack", "vstack")
@@ -609,7 +612,7 @@ def _index(tr: Tracer, name, args, kwargs, out):
     atoms += r.atoms[k:]
     if len(atoms) != out.dim():
         raise NotImplementedError
-    tr._set(out, atoms, r.parity, r.data)
+    tr._set(out, atoms, r.parity, r.data, r.why)
 
 
 def _note_out(tr: Tracer, w, axis: int) -> None:
@@ -644,9 +647,12 @@ def _addmm(tr: Tracer, name, args, kwargs, out):
     tr.consume(m2)
     tr.g.unify(a1[1], a2[0], "a fixed (non-parameter) matrix mixes the axis"
                if (tr.rec(m1) is None or tr.rec(m2) is None) else None)
-    atoms = _align(tr, [b, out], out, name)  # the bias broadcasts against the product
-    tr.g.unify(atoms[0], a1[0])
-    tr.g.unify(atoms[1], a2[1])
+    if isinstance(b, torch.Tensor):  # the bias broadcasts against the product (rows, cols)
+        ba = tr.atoms(b)
+        fixed = "a fixed bias" if tr.rec(b) is None else None
+        for k, target in zip(range(b.dim()), ([a2[1]] if b.dim() == 1 else [a1[0], a2[1]])):
+            if b.shape[k] > 1:
+                tr.g.unify(ba[k], target, fixed)
     _note_out(tr, m2, 1)
     tr._set(out, [a1[0], a2[1]], LIN)
 
