@@ -164,7 +164,7 @@ def trace(model: nn.Module, args: tuple, kwargs: dict) -> TraceResult:
         if r is not None:
             for a in r.atoms:
                 tr.g.pin(a)
-    return TraceResult(tr.g, tr.param_atoms, tr.out_axis, tr.unknown, tr.notes, tr.ops)
+    return TraceResult(tr.g, tr.param_atoms, tr.out_axis, tr.unknown, tr.notes, tr.ops, tr.used)
 
 
 def infer(model: nn.Module, example_inputs: Any = None, *, heads: int | None = None, relax: str | None = None,

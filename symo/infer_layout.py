@@ -125,12 +125,22 @@ def build_layout(tr: TraceResult, shapes: dict[str, tuple[int, ...]], heads: int
         roles.setdefault(g.find(a), set()).update(rs)
     layout = Layout({}, {}, dict(shapes), [], [], list(tr.notes), dict(tr.out_axis))
     breaking: dict[int, list[str]] = {}
+    unused = [n for n in tr.param_atoms if n not in tr.used]
+    if unused:
+        layout.notes.append(f"not used by the forward pass on these inputs (left uncovered): {', '.join(unused)}")
     for name, atoms in tr.param_atoms.items():
+        if name not in tr.used:
+            continue
         axes = []
         for a, n in zip(atoms, shapes[name]):
             segs = g.segments(a)
-            if segs is None:
-                layout.dropped.append(Dropped("a concatenation inside a product (not expressible)", [name]))
+            if segs is None:  # a concatenation inside a product: report what pinned its parts, if anything did
+                reasons = [r for leaf in _all_leaves(g, a) for r in pinned.get(g.find(leaf), [])]
+                if not reasons:
+                    layout.dropped.append(Dropped("a concatenation inside a product (not expressible)", [name]))
+                for leaf in _all_leaves(g, a):
+                    if pinned.get(g.find(leaf)):
+                        breaking.setdefault(g.find(leaf), pinned[g.find(leaf)])
                 axes.append([(("_", n),)])
                 continue
             axis = []
@@ -158,7 +168,9 @@ def build_layout(tr: TraceResult, shapes: dict[str, tuple[int, ...]], heads: int
                 if leaf in breaking:
                     touched.setdefault(tuple(breaking[leaf]), set()).add(name)
     for reasons, params in touched.items():
-        layout.dropped.append(Dropped("; ".join(reasons), sorted(params, key=list(shapes).index)))
+        reasons = [r for r in reasons if not r.startswith("unsupported operation")]  # reported on their own
+        if reasons:
+            layout.dropped.append(Dropped("; ".join(reasons), sorted(params, key=list(shapes).index)))
     for op, atoms in tr.unknown:
         roots = {g.find(x) for a in atoms for x in _all_leaves(g, a)}
         params = [n for n, pa in tr.param_atoms.items()

@@ -79,6 +79,7 @@ class TraceResult:
     unknown: list[tuple[str, list[int]]]  # unsupported operations and the atoms they touched
     notes: list[str] = field(default_factory=list)
     ops: int = 0
+    used: set[str] = field(default_factory=set)
 
 
 def op_name(func) -> str:
@@ -120,6 +121,7 @@ class Tracer(TorchFunctionMode):
         self.out_axis: dict[str, int] = {}
         self.unknown: list[tuple[str, list[int]]] = []
         self.notes: list[str] = []
+        self.used: set[str] = set()  # parameters some traced operation read
         self.ops = 0
 
     # ------------------------------------------------------------ records
@@ -187,6 +189,7 @@ class Tracer(TorchFunctionMode):
         out = func(*args, **kwargs)
         ins = list(_tensors((args, kwargs)))
         recs = [self.recs[id(t)] for t in ins if id(t) in self.recs]
+        self.used.update(self.param_ids[id(t)] for t in ins if id(t) in self.param_ids)
         if not recs or not any(isinstance(t, torch.Tensor) for t in _tensors(out)):
             return out
         self.ops += 1
@@ -212,9 +215,14 @@ class Tracer(TorchFunctionMode):
         touched = [a for t in ins if (r := self.rec(t)) is not None and not r.data for a in r.atoms]
         for a in touched:
             self.g.pin(a, f"unsupported operation {name!r}")
-        self.unknown.append((name, touched))
+        outs = []
         for t in _tensors(out):
-            self._set(t, [self.g.new(s, pinned=True) for s in t.shape], NONE)
+            atoms = [self.g.new(s, pinned=True) for s in t.shape]
+            for a in atoms:
+                self.g.pin(a, f"unsupported operation {name!r}")
+            outs += atoms
+            self._set(t, atoms, NONE)
+        self.unknown.append((name, touched + outs))
 
 
 # ---------------------------------------------------------------- handlers
@@ -296,7 +304,8 @@ def _align(tr: Tracer, operands, out, name) -> list[int]:
         for a, fixed in found[1:]:
             breaking = None
             if fixed or found[0][1]:
-                breaking = f"{name}: a fixed tensor (not a parameter) varies along this axis"
+                breaking = (f"{name}: a fixed tensor (not a parameter) varies along this axis "
+                            "(e.g. rotary cos/sin, a buffer)")
             tr.g.unify(first, a, breaking)
         atoms.append(first)
     return atoms[::-1]
