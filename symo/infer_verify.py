@@ -80,11 +80,14 @@ def _apply(x: torch.Tensor, action: tuple, k: int, j: int | None) -> torch.Tenso
         if action[0] == "orth":
             return torch.movedim(torch.tensordot(action[1][0].to(x.dtype), x, dims=([1], [k])), 0, k)
         idx, signs = action[1][0], action[2]
-        x = x.index_select(k, idx)
+        shape = [1] * x.dim()
+        shape[k] = -1
+        if k == 0:
+            x = x.index_select(0, idx)
+        else:  # gather reads rows contiguously; index_select along an inner axis is several times slower
+            x = torch.gather(x, k, idx.view(shape).expand(x.shape))
         if signs is not None:
-            shape = [1] * x.dim()
-            shape[k] = -1
-            x = x * signs[0].to(x.dtype).view(shape)
+            x.mul_(signs[0].to(x.dtype).view(shape))
         return x
     x = torch.movedim(x, (j, k), (0, 1))
     shape = x.shape
@@ -106,6 +109,16 @@ def act(bound: BoundSpec, element: Mapping[str, tuple], params: Mapping[str, tor
         if not blocks:
             continue
         t = params[p.name]
+        if len(p.blocks) == 1 and all(n == length for n, (_, length) in zip(t.shape, p.blocks[0].slices)):
+            b = p.blocks[0]  # the whole tensor is one block: no copy of the untouched parts
+            x = t.reshape([a.size for a in b.atoms])
+            for k, atom in enumerate(b.atoms):
+                if atom.space in element:
+                    owner = bound.spaces[atom.space].per
+                    j = next(i for i, a in enumerate(b.atoms) if a.space == owner) if owner else None
+                    x = _apply(x, element[atom.space], k, j)
+            out[p.name] = x.reshape(t.shape)
+            continue
         new = t.clone()
         for b in blocks:
             view, target = t, new
