@@ -18,12 +18,14 @@ from .compiler import SpecError, compile_spec, load_spec, parse_spec
 from .curvature import Curvature
 from .equivariance import SymmetryReport, check_symmetry
 from .optim import Symo, SymoConfig
+from .infer import Inference, check_spec, infer, infer_spec
 
 __version__ = "0.1.0"
 __all__ = [
     "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "Spec", "SpecError",
     "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
 ]
+__all__ += ["Inference", "check_spec", "infer", "infer_spec"]
 
 
 def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | None = None,
