@@ -17,8 +17,8 @@ from .compiler import Spec as Spec
 from .compiler import SpecError, compile_spec, load_spec, parse_spec
 from .curvature import Curvature
 from .equivariance import SymmetryReport, check_symmetry
-from .optim import Symo, SymoConfig
 from .infer import Inference, check_spec, infer, infer_spec
+from .optim import Symo, SymoConfig
 
 __version__ = "0.1.0"
 __all__ = [
