@@ -76,6 +76,7 @@ def element_matrices(element: Mapping[str, tuple]) -> dict[str, torch.Tensor]:
 
 def _apply(x: torch.Tensor, action: tuple, k: int, j: int | None) -> torch.Tensor:
     """Act along atom k; j is the owner atom for a per-owner element (one element per owner index)."""
+    action = tuple(a.to(x.device) if isinstance(a, torch.Tensor) else a for a in action)  # sampled on the CPU
     if j is None:
         if action[0] == "orth":
             return torch.movedim(torch.tensordot(action[1][0].to(x.dtype), x, dims=([1], [k])), 0, k)

@@ -470,3 +470,46 @@ def test_bad_arguments_say_what_to_do():
     with pytest.raises(TypeError, match="example_inputs"):
         infer(MLP(), example_inputs=3.0)
     assert math.isfinite(infer(MLP()).seconds["total"])
+
+
+class SingleHead(nn.Module):
+    """Attention on the full width: the graph shows no head split."""
+
+    def __init__(self, d=8, vocab=11):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        y = F.scaled_dot_product_attention(self.q(x), self.k(x), self.v(x), is_causal=True)
+        return self.head(x + self.o(y))
+
+
+def test_heads_splits_attention_that_the_graph_shows_whole():
+    torch.manual_seed(0)
+    ids = torch.randint(0, 11, (2, 5))
+    whole = infer(SingleHead(), ids)
+    assert_all_true(whole)
+    qk = [s for s in whole.spaces if "q.weight" in s.params and "k.weight" in s.params and s.name != "res"]
+    assert len(qk) == 1 and qk[0].group == "orthogonal" and qk[0].per is None and qk[0].size == 8
+    split = infer(SingleHead(), ids, heads=2)
+    assert_all_true(split)
+    per = [s for s in split.spaces if s.per is not None]
+    assert sorted((s.size, split.spaces[[x.name for x in split.spaces].index(s.per)].size) for s in per) == \
+        [(4, 2), (4, 2)]  # dqk and dvo: O(4) per head, 2 heads
+
+
+def test_inferred_spec_drives_the_optimizer():
+    model = tiny_gpt()
+    spec = infer_spec(model)
+    opt = symo.Symo(model.named_parameters(), spec, lr=1e-2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = torch.randint(0, 11, (2, 8))
+    for _ in range(2):
+        opt.zero_grad()
+        model(ids, ids)[1].backward()
+        opt.step()
+    for n, p in model.named_parameters():
+        assert torch.isfinite(p).all() and not torch.equal(p, before[n]), n
