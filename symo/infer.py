@@ -224,7 +224,8 @@ def infer(model: nn.Module, example_inputs: Any = None, *, heads: int | None = N
     uncovered = {n: shapes[n] for n in shapes if n not in layout.axes}
     seconds["total"] = time.perf_counter() - t0
     return Inference(spec, spaces, layout.dropped, layout.unknown, uncovered, layout.notes, seconds, covered, total,
-                     joint, tolerance, check.forwards if check else 0, {"bound": bound})
+                     joint, check.tolerance(tolerance) if check else tolerance, check.forwards if check else 0,
+                     {"bound": bound})
 
 
 def infer_spec(model: nn.Module, example_inputs: Any = None, *, heads: int | None = None,
@@ -253,6 +254,9 @@ def _verify(layout: Layout, check: OutputCheck, trials: int, tol: float, seed: i
     put, every space is true. Otherwise (or with `each`) each family (all layers' MLP spaces together),
     then each space of a failing family alone, narrowing its group until it holds or dropping it."""
     gen = torch.Generator().manual_seed(seed)
+    tol = check.tolerance(tol)
+    if check.note():
+        layout.notes.append(check.note())
     fam = name_spaces(layout)
     names = _instance_names(fam)
     bound: BoundSpec = bind(build_spec(layout, fam, "verification", template=False), layout.shapes)
@@ -338,6 +342,7 @@ def check_spec(spec: Spec | str, model: nn.Module, example_inputs: Any = None, *
     bound = bind(spec, shapes_of(model), sizes)
     args, kwargs = default_example_inputs(model) if example_inputs is None else normalize_inputs(example_inputs)
     check = OutputCheck(model, args, kwargs)
+    tolerance = check.tolerance(tolerance)
     gen = torch.Generator().manual_seed(seed)
     out = []
     for name, sp in bound.spaces.items():

@@ -165,7 +165,8 @@ class Tracer(TorchFunctionMode):
         if p == ODD:
             cap = ("signed_perm", "an odd element-wise function (sign flips and permutations commute with it)")
         elif p == EVEN:
-            cap = ("perm" if how == "linear" else "signed_perm", "an even element-wise function")
+            cap = ("perm" if how == "linear" else "signed_perm",
+                   "an even element-wise function or a product (e.g. a per-channel gain: it moves by |Q|)")
         elif p == SQ and how == "linear":
             cap = ("perm", "an element-wise square")
         elif p == NONE:

@@ -18,7 +18,13 @@ from .infer_trace import DROPOUT, _tensors, op_name
 
 
 class NoDropout(TorchFunctionMode):
-    """Dropout as the identity, so two forward passes differ only by the parameters."""
+    """Dropout as the identity, so two forward passes differ only by the parameters. Also notes the
+    lowest precision the float64 run is cast to (LLaMA's RMSNorm computes in float32): that sets the
+    resolution of the check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lowest_eps = 0.0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -28,7 +34,12 @@ class NoDropout(TorchFunctionMode):
         if name == "scaled_dot_product_attention":
             kwargs = {**kwargs, "dropout_p": 0.0} if len(args) <= 4 else kwargs
             args = tuple(args[:4]) + (0.0,) + tuple(args[5:]) if len(args) > 4 else args
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if any(t.dtype == torch.float64 for t in _tensors((args, kwargs))):
+            for t in _tensors(out):
+                if t.is_floating_point() and t.dtype != torch.float64:
+                    self.lowest_eps = max(self.lowest_eps, torch.finfo(t.dtype).eps)
+        return out
 
 
 def _to64(obj):
@@ -146,13 +157,26 @@ class OutputCheck:
         self.buffers = {n: _to64(b).clone() for n, b in model.named_buffers()}
         self.args, self.kwargs = _to64(tuple(args)), _to64(dict(kwargs))
         self.forwards = 0
+        self.lowest_eps = 0.0
         self.base = self.run(self.params)
         self.base_norm = float(self.base.norm())
 
+    def tolerance(self, tol: float) -> float:
+        """`tol`, or 100 eps of the lowest precision the model casts to inside, if that is larger."""
+        return max(tol, 100 * self.lowest_eps)
+
+    def note(self) -> str | None:
+        if not self.lowest_eps:
+            return None
+        return (f"the model casts part of its float64 forward pass to a lower precision (eps {self.lowest_eps:.1e}, "
+                f"e.g. an RMSNorm computed in float32): the check's tolerance is {self.tolerance(0):.1e}")
+
     def run(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         self.forwards += 1
-        with torch.no_grad(), NoDropout():
+        mode = NoDropout()
+        with torch.no_grad(), mode:
             out = functional_call(self.model, {**params, **self.buffers}, self.args, self.kwargs, strict=False)
+        self.lowest_eps = max(self.lowest_eps, mode.lowest_eps)
         flat = [t.reshape(-1).to(torch.float64) for t in _tensors(out) if t.is_floating_point()]
         if not flat:
             raise ValueError("the model returned no floating-point tensor to compare")
