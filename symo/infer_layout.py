@@ -52,12 +52,6 @@ class Layout:
     notes: list[str]
     out_axis: dict[str, int]
 
-    def copy(self) -> Layout:
-        spaces = {k: Space(**{**v.__dict__, "roles": set(v.roles), "params": list(v.params)})
-                  for k, v in self.spaces.items()}
-        return Layout(spaces, {k: [list(a) for a in v] for k, v in self.axes.items()}, dict(self.shapes),
-                      list(self.dropped), list(self.unknown), list(self.notes), dict(self.out_axis))
-
     def drop(self, sid: int, reason: str) -> None:
         """Remove a space: its axes become free and the parameters it leaves without a space uncovered."""
         space = self.spaces.pop(sid, None)

@@ -106,14 +106,6 @@ def _align(tr: Tracer, operands, out, name) -> list[int]:
     return atoms[::-1]
 
 
-def _varies_along_all(t, out) -> bool:
-    """Does t have extent along every output axis of size > 1 (no broadcasting)?"""
-    if not isinstance(t, torch.Tensor):
-        return False
-    shape = (1,) * (out.dim() - t.dim()) + tuple(t.shape)
-    return all(s > 1 or o == 1 for s, o in zip(shape, out.shape))
-
-
 @_handles(*BINARY)
 def _binary(tr: Tracer, name, args, kwargs, out):
     if name in ("where",):
@@ -216,6 +208,8 @@ def _mul_parity(pa, pb, same: bool) -> str:
 
 @_handles(*REDUCE)
 def _reduce(tr: Tracer, name, args, kwargs, out):
+    if name in ("max", "min") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        return _binary(tr, "maximum", args, kwargs, out)  # torch.max(a, b): element-wise
     x = args[0] if args else kwargs["input"]
     r = tr.rec(x)
     res = out[0] if isinstance(out, (tuple, list)) else out
