@@ -62,13 +62,23 @@ def sample_element(spaces: Mapping[str, tuple[str, int, int]], generator: torch.
         if group == "orthogonal":
             q, r = torch.linalg.qr(torch.randn(copies, n, n, generator=generator, dtype=torch.float64))
             out[name] = ("orth", q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2))
-        else:
-            idx = torch.stack([torch.randperm(n, generator=generator) for _ in range(copies)])
+        else:  # never the identity, and a signed element flips at least one sign: the subgroups a relaxed
+            # space most often keeps (nothing, or the plain permutations) cannot pass the check by chance
+            idx = torch.stack([_moving_perm(n, generator) for _ in range(copies)])
             signs = None
             if group == "signed_perm":
                 signs = (torch.randint(0, 2, (copies, n), generator=generator) * 2 - 1).to(torch.float64)
+                signs[torch.arange(copies), torch.randint(0, n, (copies,), generator=generator)] = -1.0
             out[name] = ("perm", idx, signs)
     return out
+
+
+def _moving_perm(n: int, generator: torch.Generator) -> torch.Tensor:
+    for _ in range(16):
+        idx = torch.randperm(n, generator=generator)
+        if n < 2 or not torch.equal(idx, torch.arange(n)):
+            return idx
+    return torch.roll(torch.arange(n), 1)
 
 
 def element_matrices(element: Mapping[str, tuple]) -> dict[str, torch.Tensor]:

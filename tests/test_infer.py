@@ -533,3 +533,20 @@ def test_hugging_face_llama_rotary_swiglu_rmsnorm():
     mlp = [s for s in result.spaces if "model.layers.0.mlp.up_proj.weight" in s.params and s.name != "res"]
     assert len(mlp) == 1 and mlp[0].group == "perm" and "model.layers.0.mlp.gate_proj.weight" in mlp[0].params
     assert any("q_proj" in " ".join(d.params) and "rotary" in d.reason for d in result.dropped)
+
+
+def test_sampled_elements_always_move_something():
+    """Never the identity; a signed element flips a sign: a 2-unit ReLU layer declared signed_perm is
+    relaxed for every seed (with plain random sampling, 1 in 16 double trials would call it true)."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        el = sample_element({"p": ("perm", 2, 1), "s": ("signed_perm", 2, 3)}, gen)
+        assert el["p"][1].tolist() == [[1, 0]]
+        assert (el["s"][2] < 0).any(dim=1).all()
+    model = MLP((3, 2, 3), act="relu")
+    hand = parse_spec('[spaces]\nh = "signed_perm"\n[params]\n"fc1.weight" = ["h", "_"]\n"fc1.bias" = ["h"]\n'
+                      '"fc2.weight" = ["_", "h"]\n')
+    x = torch.randn(16, 3)
+    with torch.no_grad():
+        model.fc1.bias.fill_(0.5)  # every unit active somewhere, so a sign flip is visible
+    assert all(check_spec(hand, model, x, seed=s)[0].status == "relaxed" for s in range(5))
