@@ -3,7 +3,9 @@
     python benchmarks/infer.py            # all models; writes benchmarks/results/infer.{md,json}
     python benchmarks/infer.py --quick    # the small models only
 
-Each model runs in its own worker process (a pool of 2, one torch thread each, fresh memory per model).
+Each model runs in its own worker process (one torch thread, fresh memory per model). The pool has
+one worker by default: two GPT-2 124M runs side by side fight for memory bandwidth on 2 cores and
+each takes ~1.5x longer (`--workers 2` to see it).
 `seconds` is the whole `symo.infer` call: the traced forward pass, the layout, the float64 verification
 (one random element of the whole group per trial, 2 trials) and the spec. The baseline, measured in the
 same process, is one float32 forward pass of the model at the same inputs; the ratio infer / forward is
@@ -98,7 +100,7 @@ def run_one(name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small models only")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     names = list(QUICK if args.quick else MODELS)
     from tqdm import tqdm
@@ -114,7 +116,8 @@ def main() -> None:
     (out / "infer.json").write_text(json.dumps(rows, indent=2) + "\n")
     import torch
 
-    cmd = "python benchmarks/infer.py" + (" --quick" if args.quick else "")
+    cmd = "python benchmarks/infer.py" + (" --quick" if args.quick else "") + \
+        (f" --workers {args.workers}" if args.workers != 1 else "")
     lines = [f"Command: `{cmd}`", "",
              f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores; a pool of {args.workers} "
              "worker processes, 1 torch thread each; load average at the end: "
