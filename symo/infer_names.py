@@ -41,7 +41,9 @@ def name_spaces(layout: Layout) -> dict[int, tuple[str, tuple[str, ...]]]:
     def candidates(sid: int) -> list[str]:
         s = layout.spaces[sid]
         params, _ = info[sid]
-        parts = _module_parts(params[0]) if params else ["s"]
+        parts = _module_parts(params[0]) if params else []
+        if not parts:  # nn.Sequential: the module path is all numbers ("0.weight"): name it after them
+            parts = ["h" + "_".join(_indices(params[0]))] if params and _indices(params[0]) else ["h"]
         if s.synthetic:
             role = "fixed"
         elif s.group == "identity" and "head" in s.roles:

@@ -284,3 +284,43 @@ def _normalize(tr: Tracer, name, args, kwargs, out):
         tr.g.cap(r.atoms[dim], "signed_perm", "a p-norm with p != 2 is not rotation invariant")
     tr.consume(x, how="reduce", atoms=[r.atoms[dim]]) if r.parity != LIN else None
     tr._set(out, r.atoms, r.parity)
+
+
+@_handles("multi_head_attention_forward")
+def _mha(tr: Tracer, name, args, kwargs, out):
+    """nn.MultiheadAttention's packed projections: in_proj rows [(head dqk) | (head dqk) | (head dvo)]."""
+    names = ["query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias", "bias_k",
+             "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias"]
+    a = dict(zip(names, args))
+    a.update({k: v for k, v in kwargs.items() if k in names})
+    if (a.get("bias_k") is not None or a.get("bias_v") is not None or a.get("add_zero_attn")
+            or kwargs.get("use_separate_proj_weight") or not isinstance(a.get("in_proj_weight"), torch.Tensor)):
+        raise NotImplementedError
+    q, k, v = a["query"], a["key"], a["value"]
+    heads, e = a["num_heads"], q.shape[-1]
+    w_in, b_in, w_out, b_out = a["in_proj_weight"], a.get("in_proj_bias"), a["out_proj_weight"], a.get("out_proj_bias")
+    if e % heads or k.shape[-1] != e or v.shape[-1] != e:
+        raise NotImplementedError
+    g = tr.g
+    h, dqk, dvo = g.new(heads), g.new(e // heads), g.new(e // heads)
+    g.role(h, "head")
+    g.role(dqk, "qk")
+    g.role(dvo, "vo")
+    rows = g.fused([g.product([h, dqk]), g.product([h, dqk]), g.product([h, dvo])])
+    wa = tr.atoms(w_in)
+    g.unify(wa[0], rows)
+    for t in (q, k, v):
+        tr.consume(t)
+        g.unify(wa[1], tr.atoms(t)[-1], "a fixed (non-parameter) input projection" if tr.rec(w_in) is None else None)
+    if isinstance(b_in, torch.Tensor):
+        g.unify(tr.atoms(b_in)[0], rows)
+    oa = tr.atoms(w_out)
+    g.unify(oa[1], g.product([h, dvo]))
+    if isinstance(b_out, torch.Tensor):
+        g.unify(tr.atoms(b_out)[0], oa[0])
+    _note_out(tr, w_in, 0)
+    _note_out(tr, w_out, 0)
+    res = out[0] if isinstance(out, (tuple, list)) else out
+    tr._set(res, tr.atoms(q)[:-1] + [oa[0]], LIN)
+    if isinstance(out, (tuple, list)) and len(out) > 1 and isinstance(out[1], torch.Tensor):
+        tr._set(out[1], [g.new(s, pinned=True) for s in out[1].shape], NONE)

@@ -550,3 +550,30 @@ def test_sampled_elements_always_move_something():
     with torch.no_grad():
         model.fc1.bias.fill_(0.5)  # every unit active somewhere, so a sign flip is visible
     assert all(check_spec(hand, model, x, seed=s)[0].status == "relaxed" for s in range(5))
+
+
+class TorchMHA(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = nn.Linear(3, 8), nn.Linear(8, 2)
+        self.att = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        h = torch.tanh(self.emb(x))
+        return self.out(self.att(h, h, h, need_weights=False)[0])
+
+
+def test_torch_multihead_attention_and_sequential_names():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3)
+    model = TorchMHA()
+    result = infer(model, x)
+    assert_all_true(result)
+    groups = {s.name: (s.group, s.per, s.size) for s in result.spaces}
+    assert groups["dqk"] == ("orthogonal", "head", 4) and groups["dvo"] == ("orthogonal", "head", 4)
+    assert groups["emb"] == ("signed_perm", None, 8)  # tanh before the attention
+    assert "att.in_proj_weight" in result.spec.to_toml()
+    assert independent_check(model, result.spec, (x.double(),)).is_true_symmetry
+    seq = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
+    names = {s.name: s.group for s in infer(seq, torch.randn(3, 4)).spaces}
+    assert names == {"h0": "signed_perm", "h2": "perm"}
