@@ -136,6 +136,7 @@ def _add_infer_parser(sub) -> None:
     c.add_argument("--relax", choices=["muon"], default=None, help="the Muon-style relaxation instead")
     c.add_argument("-o", "--output", default=None, help="write the spec here (default: print it)")
     c.add_argument("--no-verify", action="store_true", help="skip the numeric check (not recommended)")
+    c.add_argument("--each", action="store_true", help="measure each family of spaces, not only all at once")
 
 
 def _run_infer(args) -> int:
@@ -145,7 +146,7 @@ def _run_infer(args) -> int:
     from .infer import infer
 
     model = _load_factory(args.model)
-    result = infer(model, heads=args.heads, relax=args.relax, verify=not args.no_verify)
+    result = infer(model, heads=args.heads, relax=args.relax, verify=not args.no_verify, each=args.each)
     report = result.report()
     print(report)
     text = result.spec.to_toml(header=f"inferred by: symo infer --model {args.model}\n" + report)

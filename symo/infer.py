@@ -72,14 +72,16 @@ class Inference:
         width = max([len(s.name) for s in self.spaces] + [5])
         for s in self.spaces:
             per = f" per {s.per}" if s.per else ""
-            change = "" if s.rel_change is None else f"  rel. change {s.rel_change:.1e}"
+            jointly = self.extra.get("checked_jointly")
+            change = "" if s.rel_change is None or jointly else f"  rel. change {s.rel_change:.1e}"
             narrowed = f" (graph allowed {s.inferred})" if s.status == "narrowed" else ""
             lines.append(f"  {s.name:<{width}} {s.group + per:<28} n={s.size:<6} {s.status}{narrowed}{change}"
                          f"  [{s.why}]")
         if self.joint_rel_change is not None:
             verdict = "true" if self.joint_rel_change <= self.tolerance else "NOT true"
             lines.append(f"all spaces at once: rel. change {self.joint_rel_change:.1e} ({verdict}; tolerance "
-                         f"{self.tolerance:.0e}, float64, {self.forwards} forward passes)")
+                         f"{self.tolerance:.0e}, float64, {self.forwards} forward passes)"
+                         + (": every space above is checked by this" if self.extra.get("checked_jointly") else ""))
         for d in self.dropped:
             lines.append(f"dropped: {d.reason}; parameters: {_short(d.params)}")
         for op, params in self.unknown_ops:
@@ -203,7 +205,8 @@ def infer(model: nn.Module, example_inputs: Any = None, *, heads: int | None = N
         spec = build_spec(layout, names, title, template=False)
         bound = bind(spec, shapes)
     joint = None
-    if check is not None and not each and results and all(st == "true" for st, _ in results.values()):
+    jointly = check is not None and not each and bool(results) and all(st == "true" for st, _ in results.values())
+    if jointly:
         joint = max(rel for _, rel in results.values())  # the first, joint check covered every space
     elif check is not None and relax is None:
         t1 = time.perf_counter()
@@ -225,7 +228,7 @@ def infer(model: nn.Module, example_inputs: Any = None, *, heads: int | None = N
     seconds["total"] = time.perf_counter() - t0
     return Inference(spec, spaces, layout.dropped, layout.unknown, uncovered, layout.notes, seconds, covered, total,
                      joint, check.tolerance(tolerance) if check else tolerance, check.forwards if check else 0,
-                     {"bound": bound})
+                     {"bound": bound, "checked_jointly": jointly})
 
 
 def infer_spec(model: nn.Module, example_inputs: Any = None, *, heads: int | None = None,
