@@ -70,6 +70,10 @@ class Spec:
         params = ";".join(f"{r.pattern}={r.axes!r}" for r in self.params)
         return f"spaces[{spaces}]params[{params}]"
 
+    def to_toml(self, header: str = "") -> str:
+        """The spec as TOML text that `parse_spec` reads back to an equal spec; `header` becomes comments."""
+        return spec_to_toml(self, header)
+
 
 def bundled_specs() -> dict[str, Path]:
     """The specs shipped with Symo (package `symo.specs`), by name: {"gpt_muon": path, ...}."""
@@ -251,3 +255,28 @@ def _parse_segment(text: object, source: str, key: str, pattern: str, axis: int)
             raise SpecError(f"{short(repr(atom))} is not a space name", file=source, key=key, param=pattern,
                             axis=axis, hint='use "_", "space" or "(space1 space2)"')
     return atoms
+
+
+def _toml_str(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def spec_to_toml(spec: Spec, header: str = "") -> str:
+    """Serialise a `Spec` (the inverse of `parse_spec`): segments as "_", "space" or "(a b)", fused axes as lists."""
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    lines += [f"name = {_toml_str(spec.name)}", "", "[spaces]"]
+    for s in spec.spaces:
+        fields = [f"group = {_toml_str(s.group)}"]
+        if s.per is not None:
+            fields.append(f"per = {_toml_str(s.per)}")
+        if s.size is not None:
+            fields.append(f"size = {s.size}")
+        lines.append(f"{_toml_str(s.name)} = {{ {', '.join(fields)} }}")
+    lines += ["", "[params]"]
+    for rule in spec.params:
+        axes = []
+        for axis in rule.axes:
+            segs = [_toml_str(seg[0] if len(seg) == 1 else "(" + " ".join(seg) + ")") for seg in axis]
+            axes.append(segs[0] if len(segs) == 1 else "[" + ", ".join(segs) + "]")
+        lines.append(f"{_toml_str(rule.pattern)} = [{', '.join(axes)}]")
+    return "\n".join(lines) + "\n"

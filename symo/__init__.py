@@ -18,6 +18,7 @@ from .compiler import Spec as Spec
 from .compiler import SpecError, compile_spec, load_spec, parse_spec
 from .curvature import Curvature
 from .equivariance import SymmetryReport, check_symmetry
+from .infer import Inference, check_spec, infer, infer_spec
 from .optim import Symo, SymoConfig
 
 __version__ = "0.1.0"
@@ -25,6 +26,7 @@ __all__ = [
     "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "Spec", "SpecError",
     "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
 ]
+__all__ += ["Inference", "check_spec", "infer", "infer_spec"]
 
 
 def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | None = None,

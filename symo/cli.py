@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also report the Symo optimizer it builds (default options; needs --model)")
     c.set_defaults(run=_compile_command)
     _add_params_command(sub)
+    _add_check_parser(sub)
+    _add_infer_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -146,6 +148,75 @@ def _params_command(args: argparse.Namespace) -> int:
     print(f"  {'name':<{width}}  shape")
     for name, shape in shapes.items():
         print(f"  {name:<{width}}  ({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''})")
+    return 0
+
+
+def _add_check_parser(sub) -> None:
+    c = sub.add_parser("check", help="report each space of a spec as a true or relaxed symmetry of a model")
+    c.add_argument("spec", help="path to a .toml spec file, or the name of a bundled spec")
+    c.add_argument("--model", required=True, help="module:factory returning an nn.Module")
+    c.add_argument("--size", action="append", default=[], help="space size the shapes leave open, e.g. head{i}=4")
+    c.add_argument("--trials", type=int, default=2, help="random group elements per space (default 2)")
+    c.add_argument("--tolerance", type=float, default=1e-9, help="relative output change counted as zero (float64)")
+    c.set_defaults(run=_run_check)
+
+
+def _run_check(args) -> int:
+    """`symo check SPEC --model m:f`: one line per space, true or relaxed, with the measured change."""
+    from .infer import check_spec
+
+    model = _load_factory(args.model)
+    try:
+        rows = check_spec(args.spec, model, sizes=_parse_sizes(args.size) or None, trials=args.trials,
+                          tolerance=args.tolerance)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    width = max([len(r.space) for r in rows] + [5])
+    print(f"{'space':<{width}}  {'group':<26} {'size':>6}  status    relative output change (float64)")
+    for r in rows:
+        group = r.group + (f" per {r.per}" if r.per else "")
+        change = "-" if r.rel_change is None else f"{r.rel_change:.2e}"
+        print(f"{r.space:<{width}}  {group:<26} {r.size:>6}  {r.status:<8}  {change}")
+    relaxed = sum(r.status == "relaxed" for r in rows)
+    print(f"{len(rows)} spaces: {sum(r.status == 'true' for r in rows)} true, {relaxed} relaxed "
+          f"(tolerance {args.tolerance:.0e})")
+    return 0
+
+
+def _add_infer_parser(sub) -> None:
+    c = sub.add_parser("infer", help="infer a model's symmetry spec, verify it, and print the compile report")
+    c.add_argument("--model", required=True, help="module:factory returning an nn.Module")
+    c.add_argument("--heads", type=int, default=None, help="head count where the graph does not show the split")
+    c.add_argument("--relax", choices=["muon"], default=None, help="the Muon-style relaxation instead")
+    c.add_argument("-o", "--output", default=None, help="write the spec here (default: print it)")
+    c.add_argument("--no-verify", action="store_true", help="skip the numeric check (not recommended)")
+    c.add_argument("--each", action="store_true", help="measure each family of spaces, not only all at once")
+    c.set_defaults(run=_run_infer)
+
+
+def _run_infer(args) -> int:
+    """`symo infer --model m:f [-o spec.toml]`: the spec, the verification report and the compile report."""
+    import symo
+
+    from .infer import infer
+
+    model = _load_factory(args.model)
+    result = infer(model, heads=args.heads, relax=args.relax, verify=not args.no_verify, each=args.each)
+    report = result.report()
+    print(report)
+    text = result.spec.to_toml(header=f"inferred by: symo infer --model {args.model}\n" + report)
+    if args.output:
+        path = Path(args.output)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)  # atomic: a reader never sees half a spec
+        print(f"wrote {path}")
+    else:
+        print()
+        print(text)
+    print()
+    print(symo.compile(result.spec, model).describe())
     return 0
 
 

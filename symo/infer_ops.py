@@ -1,0 +1,416 @@
+"""What each torch operation does to axes and groups: the handlers behind `symo.infer_trace.Tracer`.
+
+A handler gets the operation's arguments and its real output, unifies, refines, pins or caps the atoms
+of the tensors involved, and records the output's atoms and parity. Raising NotImplementedError makes
+the operation "unsupported": its axes are left free and it is reported by name.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .infer_trace import (
+    BINARY,
+    CONST,
+    EVEN,
+    EVEN_FN,
+    IDENTITY,
+    INV,
+    LIN,
+    LOSSES,
+    NONE,
+    ODD,
+    ODD_FN,
+    OTHER_FN,
+    REDUCE,
+    RESHAPE,
+    SQ,
+    STATIC_OUT,
+    Tracer,
+    _arg,
+    _handles,
+    _tensors,
+)
+
+
+@_handles(*IDENTITY)
+def _identity(tr: Tracer, name, args, kwargs, out):
+    x = args[0]
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape):
+        raise NotImplementedError
+    r = tr.rec(x)
+    tr._set(out, r.atoms, r.parity, r.data, r.why)
+
+
+@_handles(*STATIC_OUT)
+def _static_out(tr: Tracer, name, args, kwargs, out):
+    return  # a fresh tensor of the same shape: fixed, no record
+
+
+@_handles(*LOSSES)
+def _loss(tr: Tracer, name, args, kwargs, out):
+    for t in _tensors((args, kwargs)):
+        r = tr.rec(t)
+        if r is not None:
+            for a in r.atoms:
+                tr.g.pin(a)
+    tr._set(out, [tr.g.new(s, pinned=True) for s in out.shape], INV)
+
+
+def _unary_parity(fn: str, p: str, exponent=None) -> str:
+    if p in (CONST, INV):
+        return p
+    if fn in ODD_FN or (exponent is not None and float(exponent).is_integer() and int(exponent) % 2 == 1):
+        return {LIN: ODD, ODD: ODD, EVEN: EVEN, SQ: EVEN}.get(p, NONE)
+    if fn == "square" or (exponent is not None and exponent == 2):
+        return SQ if p in (LIN, ODD) else (EVEN if p in (EVEN, SQ) else NONE)
+    if fn in EVEN_FN or (exponent is not None and float(exponent).is_integer() and int(exponent) % 2 == 0):
+        return EVEN if p != NONE else NONE
+    return EVEN if p in (EVEN, SQ) else NONE
+
+
+@_handles(*(ODD_FN | EVEN_FN | OTHER_FN))
+def _unary(tr: Tracer, name, args, kwargs, out):
+    x = args[0] if args else kwargs.get("input")
+    r = tr.rec(x)
+    if r is None or tuple(out.shape) != tuple(x.shape):
+        raise NotImplementedError
+    parity = _unary_parity(name, r.parity)
+    tr._set(out, r.atoms, parity, r.data)
+    if parity == NONE:
+        tr.recs[id(out)].why = r.why or name
+
+
+def _align(tr: Tracer, operands, out, name) -> list[int]:
+    """Broadcast operands against the output; unify their atoms axis by axis (from the right)."""
+    atoms = []
+    for d in range(out.dim()):
+        k = out.dim() - 1 - d
+        found = []
+        for t in operands:
+            if isinstance(t, torch.Tensor) and t.dim() > d and t.shape[t.dim() - 1 - d] > 1:
+                r = tr.rec(t)
+                a = r.atoms[t.dim() - 1 - d] if r is not None else tr.g.new(t.shape[t.dim() - 1 - d], pinned=True)
+                found.append((a, r is None))
+        if not found:
+            atoms.append(tr.g.new(out.shape[k]))
+            continue
+        first = found[0][0]
+        for a, fixed in found[1:]:
+            breaking = None
+            if fixed or found[0][1]:
+                breaking = (f"{name}: a fixed tensor (not a parameter) varies along this axis "
+                            "(e.g. rotary cos/sin, a buffer)")
+            tr.g.unify(first, a, breaking)
+        atoms.append(first)
+    return atoms[::-1]
+
+
+@_handles(*BINARY)
+def _binary(tr: Tracer, name, args, kwargs, out):
+    if name in ("where",):
+        cond, a, b = args[0], _arg(args, kwargs, 1, "input"), _arg(args, kwargs, 2, "other")
+        operands = [cond, a, b]
+    elif name == "masked_fill":
+        a, mask, b = args[0], _arg(args, kwargs, 1, "mask"), _arg(args, kwargs, 2, "value")
+        operands = [a, mask, b]
+    else:
+        a, b = args[0], _arg(args, kwargs, 1, "other", kwargs.get("exponent"))
+        operands = [a, b]
+    if not isinstance(out, torch.Tensor):
+        raise NotImplementedError
+    before = _residual_roots(tr, a, b, out) if name in ("add", "sub", "__add__", "__radd__", "__iadd__",
+                                                          "__sub__", "__rsub__", "__isub__") else []
+    atoms = _align(tr, operands, out, name)
+    for k in before:  # two parameter-dependent streams summed: a residual connection
+        tr.g.role(atoms[k], "res")
+    pa, pb = tr.parity(a), tr.parity(b)
+    base = name.strip("_").removeprefix("r").removeprefix("i") if name.startswith("__") else name
+    base = {"subtract": "sub", "multiply": "mul", "divide": "div", "true_divide": "div", "truediv": "div",
+            "rsub": "sub", "float_power": "pow"}.get(base, base)
+    rev = name in ("__rsub__", "__rtruediv__", "__rdiv__", "rsub")
+    if base == "pow":
+        parity = _unary_parity("pow", pa, b if isinstance(b, (int, float)) else None) if pb == CONST else NONE
+    elif base in ("add", "sub"):
+        parity = _add_parity(pa, pb, a, b, out, name, kwargs)
+    elif base == "mul":
+        parity = _mul_parity(pa, pb, a is b)
+    elif base == "div":
+        if rev:
+            parity = pb if pb in (CONST, INV) and pa in (CONST, INV) else (INV if pb == INV else NONE)
+        else:
+            parity = pa if pb in (CONST, INV) else NONE
+    else:  # where, masked_fill, maximum, ...
+        parity = NONE
+        if base in ("where", "masked_fill"):
+            ps = {tr.parity(t) for t in operands if isinstance(t, torch.Tensor) and tr.rec(t) is not None}
+            parity = INV if ps <= {CONST, INV} else NONE
+    if parity == CONST:
+        parity = INV
+    data = all(tr.rec(t) is None or tr.rec(t).data for t in operands if isinstance(t, torch.Tensor))
+    tr._set(out, atoms, parity, data)
+    if parity == NONE:
+        prior = [r.why for t in operands if (r := tr.rec(t)) is not None and r.why]
+        tr.recs[id(out)].why = prior[0] if prior else {
+            "add": "x + c, a constant offset (as in tanh-GELU's 1 + tanh(...))", "sub": "x - c, a constant offset",
+            "mul": "a product of hidden values"}.get(base, name)
+
+
+def _residual_roots(tr: Tracer, a, b, out) -> list[int]:
+    """Output axes where a and b (both parameter-dependent, unbroadcast) carry different free atoms."""
+    ra, rb = tr.rec(a), tr.rec(b)
+    if ra is None or rb is None or ra.data or rb.data or a.shape != out.shape or b.shape != out.shape:
+        return []
+    return [k for k, (x, y) in enumerate(zip(ra.atoms, rb.atoms))
+            if tr.g.find(x) != tr.g.find(y) and not tr.g.is_pinned(x) and not tr.g.is_pinned(y)]
+
+
+def _add_parity(pa, pb, a, b, out, name, kwargs) -> str:
+    const = (CONST, INV)
+    if pa in const and pb in const:
+        return INV
+    if pb in const or pa in const:
+        moving, c = (pa, b) if pb in const else (pb, a)
+        if isinstance(c, (int, float)) and c == 0:
+            return moving
+        return {LIN: NONE, ODD: NONE, EVEN: EVEN, SQ: EVEN}.get(moving, NONE)
+    pair = {pa, pb}
+    if pair <= {LIN}:
+        return LIN
+    if pair <= {LIN, ODD}:
+        return ODD
+    if pair == {SQ}:
+        return SQ
+    if pair <= {EVEN, SQ}:
+        return EVEN
+    return NONE
+
+
+def _mul_parity(pa, pb, same: bool) -> str:
+    const = (CONST, INV)
+    if pa in const and pb in const:
+        return INV
+    if pa in const:
+        return pb
+    if pb in const:
+        return pa
+    if same and pa in (LIN, ODD):
+        return SQ
+    odd, even = {LIN, ODD}, {EVEN, SQ}
+    if pa in odd and pb in odd:
+        return EVEN
+    if (pa in odd and pb in even) or (pa in even and pb in odd):
+        return ODD
+    if pa in even and pb in even:
+        return EVEN
+    return NONE
+
+
+@_handles(*REDUCE)
+def _reduce(tr: Tracer, name, args, kwargs, out):
+    if name in ("max", "min") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        return _binary(tr, "maximum", args, kwargs, out)  # torch.max(a, b): element-wise
+    x = args[0] if args else kwargs["input"]
+    r = tr.rec(x)
+    res = out[0] if isinstance(out, (tuple, list)) else out
+    if r is None or not isinstance(res, torch.Tensor):
+        raise NotImplementedError
+    dim = _arg(args, kwargs, 1, "dim")
+    if name in ("norm", "vector_norm", "linalg_vector_norm"):
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else None)
+        if len(args) > 1 and not isinstance(args[1], (int, float)) and args[1] is not None:
+            dim = args[1]
+    if dim is None:
+        dims = list(range(x.dim()))
+    else:
+        dims = [d % x.dim() for d in (dim if isinstance(dim, (list, tuple)) else [dim])]
+    reduced = [r.atoms[d] for d in dims if x.shape[d] > 1]
+    spaces = [a for a in reduced if not tr.g.is_pinned(a)]
+    parity = r.parity
+    if spaces:
+        p = r.parity
+        if name in ("norm", "vector_norm", "linalg_vector_norm"):
+            p = SQ if p in (LIN,) else p
+        if name in ("amax", "amin", "max", "min", "var", "std", "logsumexp", "prod", "var_mean", "std_mean"):
+            p = NONE if p not in (INV, CONST) else p
+        if p == SQ:
+            pass  # |x|^2 is O(n)-invariant
+        elif p == EVEN:
+            for a in spaces:
+                tr.g.cap(a, "signed_perm", f"{name} of an even function over the axis")
+        elif p not in (INV, CONST):
+            for a in spaces:
+                tr.g.cap(a, "perm", f"{name} over the axis (only permutations keep a sum of coordinates)")
+        parity = INV
+    keep = [i for i in range(x.dim()) if i not in dims]
+    keepdim = kwargs.get("keepdim", args[2] if len(args) > 2 and isinstance(args[2], bool) else False)
+    if res.dim() == x.dim():  # keepdim
+        atoms = [r.atoms[i] if i in keep else tr.g.new(1) for i in range(x.dim())]
+    elif res.dim() == len(keep) and not keepdim:
+        atoms = [r.atoms[i] for i in keep]
+    else:
+        raise NotImplementedError
+    for t in (out if isinstance(out, (tuple, list)) else [out]):
+        if isinstance(t, torch.Tensor) and t.dim() == len(atoms):
+            tr._set(t, atoms, parity, r.data)
+
+
+@_handles(*RESHAPE)
+def _reshape(tr: Tracer, name, args, kwargs, out):
+    x = args[0]
+    r = tr.rec(x)
+    atoms = tr.g.reshape(r.atoms, list(out.shape))
+    if atoms is None:
+        for a in r.atoms:
+            tr.g.pin(a, f"{name} from {tuple(x.shape)} to {tuple(out.shape)} regroups the axis in a way not understood")
+        atoms = [tr.g.new(s, pinned=True) for s in out.shape]
+    tr._set(out, atoms, r.parity, r.data, r.why)
+
+
+def _dims(x, args):
+    dims = args[1:] if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int)) else args[1]
+    return [d % x.dim() for d in dims]
+
+
+@_handles("transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "moveaxis", "T", "mT", "adjoint", "mH", "H")
+def _permute(tr: Tracer, name, args, kwargs, out):
+    x = args[0]
+    r = tr.rec(x)
+    n = x.dim()
+    order = list(range(n))
+    if name in ("transpose", "swapaxes", "swapdims"):
+        d0, d1 = _arg(args, kwargs, 1, "dim0") % n, _arg(args, kwargs, 2, "dim1") % n
+        order[d0], order[d1] = order[d1], order[d0]
+    elif name in ("t", "T", "H"):
+        order = order[::-1]
+    elif name in ("mT", "mH", "adjoint"):
+        order[-1], order[-2] = order[-2], order[-1]
+    elif name == "permute":
+        order = _dims(x, args) if len(args) > 1 else [d % n for d in kwargs["dims"]]
+    else:
+        src, dst = _arg(args, kwargs, 1, "source"), _arg(args, kwargs, 2, "destination")
+        src = [s % n for s in (src if isinstance(src, (list, tuple)) else [src])]
+        dst = [d % n for d in (dst if isinstance(dst, (list, tuple)) else [dst])]
+        rest = [d for d in range(n) if d not in src]
+        order = [None] * n
+        for s, d in zip(src, dst):
+            order[d] = s
+        it = iter(rest)
+        order = [o if o is not None else next(it) for o in order]
+    tr._set(out, [r.atoms[i] for i in order], r.parity, r.data, r.why)
+
+
+@_handles("expand", "expand_as", "broadcast_to", "repeat", "tile")
+def _expand(tr: Tracer, name, args, kwargs, out):
+    x = args[0]
+    r = tr.rec(x)
+    lead = out.dim() - x.dim()
+    atoms = []
+    for k in range(out.dim()):
+        i = k - lead
+        if i >= 0 and x.shape[i] == out.shape[k]:
+            atoms.append(r.atoms[i])
+        elif i >= 0 and x.shape[i] > 1:  # tiling a real axis copies coordinates
+            tr.g.pin(r.atoms[i], f"{name} tiles the axis")
+            atoms.append(tr.g.new(out.shape[k], pinned=True))
+        else:
+            atoms.append(tr.g.new(out.shape[k], pinned=True))
+    tr._set(out, atoms, r.parity, r.data, r.why)
+
+
+@_handles("split", "chunk", "tensor_split", "split_with_sizes", "unbind", "unsafe_split")
+def _split(tr: Tracer, name, args, kwargs, out):
+    x = args[0]
+    r = tr.rec(x)
+    if name == "unbind":
+        d = _arg(args, kwargs, 1, "dim", 0) % x.dim()
+        if not tr.g.is_pinned(r.atoms[d]):
+            tr.g.pin(r.atoms[d], "unbind selects single coordinates of the axis")
+        for t in out:
+            tr._set(t, [a for i, a in enumerate(r.atoms) if i != d], r.parity, r.data)
+        return
+    d = _arg(args, kwargs, 2, "dim", 0) % x.dim()
+    pieces = tr.g.split_fused(r.atoms[d], [t.shape[d] for t in out])
+    if pieces is None:
+        tr.g.pin(r.atoms[d], f"{name} cuts the axis where an earlier operation split it differently")
+        pieces = [tr.g.new(t.shape[d], pinned=True) for t in out]
+    for t, p in zip(out, pieces):
+        atoms = list(r.atoms)
+        atoms[d] = p
+        tr._set(t, atoms, r.parity, r.data, r.why)
+
+
+@_handles("cat", "concat", "concatenate", "stack", "hstack", "vstack")
+def _cat(tr: Tracer, name, args, kwargs, out):
+    tensors = list(args[0] if args else kwargs["tensors"])
+    d = _arg(args, kwargs, 1, "dim", 0)
+    if name in ("hstack", "vstack"):
+        raise NotImplementedError
+    recs = [tr.atoms(t) for t in tensors]
+    parities = {tr.parity(t) for t in tensors}
+    parity = parities.pop() if len(parities) == 1 else NONE
+    data = all(tr.rec(t) is None or tr.rec(t).data for t in tensors)
+    if name == "stack":
+        d = d % out.dim()
+        for k in range(tensors[0].dim()):
+            for atoms in recs[1:]:
+                tr.g.unify(recs[0][k], atoms[k], f"{name}: a fixed tensor is stacked with a hidden one")
+        atoms = list(recs[0])
+        atoms.insert(d, tr.g.new(out.shape[d], pinned=True))
+        tr._set(out, atoms, parity, data)
+        return
+    d = d % out.dim()
+    for k in range(out.dim()):
+        if k != d:
+            for atoms in recs[1:]:
+                tr.g.unify(recs[0][k], atoms[k], f"{name}: a fixed tensor is concatenated with a hidden one")
+    atoms = list(recs[0])
+    atoms[d] = tr.g.fused([a[d] for a in recs if tr.g.size[tr.g.find(a[d])] > 0])
+    tr._set(out, atoms, parity, data)
+
+
+@_handles("__getitem__", "narrow", "select")
+def _index(tr: Tracer, name, args, kwargs, out):
+    x = args[0]
+    r = tr.rec(x)
+    if name == "narrow":
+        d = args[1] % x.dim()
+        idx = [slice(None)] * d + [slice(args[2], args[2] + args[3])]
+    elif name == "select":
+        d = args[1] % x.dim()
+        idx = [slice(None)] * d + [args[2]]
+    else:
+        idx = args[1] if isinstance(args[1], tuple) else (args[1],)
+    idx = list(idx)
+    if any(i is Ellipsis for i in idx):
+        e = idx.index(Ellipsis)
+        fill = x.dim() - sum(1 for i in idx if i is not None and i is not Ellipsis)
+        idx = idx[:e] + [slice(None)] * fill + idx[e + 1:]
+    atoms, k = [], 0
+    for i in idx:
+        if i is None:
+            atoms.append(tr.g.new(1))
+            continue
+        if k >= x.dim():
+            raise NotImplementedError
+        a, n = r.atoms[k], x.shape[k]
+        if isinstance(i, slice):
+            if i.indices(n) == (0, n, 1):
+                atoms.append(a)
+            else:
+                if not tr.g.is_pinned(a):
+                    tr.g.pin(a, "slicing part of the axis (e.g. rotary embeddings' rotate_half)")
+                atoms.append(tr.g.new(len(range(*i.indices(n))), pinned=True))
+        elif isinstance(i, int) or (isinstance(i, torch.Tensor) and i.dim() == 0):
+            if n > 1 and not tr.g.is_pinned(a):
+                tr.g.pin(a, "indexing one coordinate of the axis")
+        else:
+            raise NotImplementedError  # advanced indexing
+        k += 1
+    atoms += r.atoms[k:]
+    if len(atoms) != out.dim():
+        raise NotImplementedError
+    tr._set(out, atoms, r.parity, r.data, r.why)
+
+
+from . import infer_ops_nn  # noqa: E402,F401  (linear algebra, attention, normalisation, pooling)

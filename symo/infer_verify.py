@@ -1,0 +1,211 @@
+"""Numerical check of declared spaces: act on the parameters with random group elements and compare the
+model's outputs in float64 (MATH.md §6: a true symmetry leaves them at rounding level).
+
+Permutations act by indexing and sign flips by multiplication, so checking a residual stream that
+touches a 50k x 768 embedding costs a gather, not a dense product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch.func import functional_call
+from torch.overrides import TorchFunctionMode
+
+from .compiler import BoundSpec
+from .infer_trace import DROPOUT, _tensors, op_name
+
+
+class NoDropout(TorchFunctionMode):
+    """Dropout as the identity, so two forward passes differ only by the parameters. Also notes the
+    lowest precision the float64 run is cast to (LLaMA's RMSNorm computes in float32): that sets the
+    resolution of the check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lowest_eps = 0.0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = op_name(func)
+        if name in DROPOUT:
+            return args[0] if args else kwargs["input"]
+        if name == "scaled_dot_product_attention":
+            kwargs = {**kwargs, "dropout_p": 0.0} if len(args) <= 4 else kwargs
+            args = tuple(args[:4]) + (0.0,) + tuple(args[5:]) if len(args) > 4 else args
+        out = func(*args, **kwargs)
+        if any(t.dtype == torch.float64 for t in _tensors((args, kwargs))):
+            for t in _tensors(out):
+                if t.is_floating_point() and t.dtype != torch.float64:
+                    self.lowest_eps = max(self.lowest_eps, torch.finfo(t.dtype).eps)
+        return out
+
+
+def _to64(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to(torch.float64) if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to64(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _to64(v) for k, v in obj.items()}
+    return obj
+
+
+def sample_element(spaces: Mapping[str, tuple[str, int, int]], generator: torch.Generator) -> dict[str, tuple]:
+    """space -> ("perm", index (copies, n), signs (copies, n) or None) or ("orth", Q (copies, n, n)).
+    `spaces` maps a name to (group, size, copies); copies > 1 for a `per` space (one element per owner index)."""
+    out = {}
+    for name, (group, n, copies) in spaces.items():
+        if group == "identity":
+            continue
+        if group == "orthogonal":
+            q, r = torch.linalg.qr(torch.randn(copies, n, n, generator=generator, dtype=torch.float64))
+            out[name] = ("orth", q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2))
+        else:  # never the identity, and a signed element flips at least one sign: the subgroups a relaxed
+            # space most often keeps (nothing, or the plain permutations) cannot pass the check by chance
+            idx = torch.stack([_moving_perm(n, generator) for _ in range(copies)])
+            signs = None
+            if group == "signed_perm":
+                signs = (torch.randint(0, 2, (copies, n), generator=generator) * 2 - 1).to(torch.float64)
+                signs[torch.arange(copies), torch.randint(0, n, (copies,), generator=generator)] = -1.0
+            out[name] = ("perm", idx, signs)
+    return out
+
+
+def _moving_perm(n: int, generator: torch.Generator) -> torch.Tensor:
+    for _ in range(16):
+        idx = torch.randperm(n, generator=generator)
+        if n < 2 or not torch.equal(idx, torch.arange(n)):
+            return idx
+    return torch.roll(torch.arange(n), 1)
+
+
+def element_matrices(element: Mapping[str, tuple]) -> dict[str, torch.Tensor]:
+    """The same element as CompiledSpec.random_element writes it: (copies, n, n) matrices."""
+    out = {}
+    for name, action in element.items():
+        if action[0] == "orth":
+            out[name] = action[1]
+        else:
+            idx, signs = action[1], action[2]
+            eye = torch.eye(idx.shape[1], dtype=torch.float64)
+            m = torch.stack([eye[i] for i in idx])
+            out[name] = m * signs.unsqueeze(-1) if signs is not None else m
+    return out
+
+
+def _apply(x: torch.Tensor, action: tuple, k: int, j: int | None) -> torch.Tensor:
+    """Act along atom k; j is the owner atom for a per-owner element (one element per owner index)."""
+    action = tuple(a.to(x.device) if isinstance(a, torch.Tensor) else a for a in action)  # sampled on the CPU
+    if j is None:
+        if action[0] == "orth":
+            return torch.movedim(torch.tensordot(action[1][0].to(x.dtype), x, dims=([1], [k])), 0, k)
+        idx, signs = action[1][0], action[2]
+        shape = [1] * x.dim()
+        shape[k] = -1
+        if k == 0:
+            x = x.index_select(0, idx)
+        else:  # gather reads rows contiguously; index_select along an inner axis is several times slower
+            x = torch.gather(x, k, idx.view(shape).expand(x.shape))
+        if signs is not None:
+            x.mul_(signs[0].to(x.dtype).view(shape))
+        return x
+    x = torch.movedim(x, (j, k), (0, 1))
+    shape = x.shape
+    if action[0] == "orth":
+        y = torch.bmm(action[1].to(x.dtype), x.reshape(shape[0], shape[1], -1)).reshape(shape)
+    else:
+        idx, signs = action[1], action[2]
+        y = x[torch.arange(shape[0]).unsqueeze(1), idx]
+        if signs is not None:
+            y = y * signs.to(x.dtype).view(shape[0], shape[1], *([1] * (x.dim() - 2)))
+    return torch.movedim(y, (0, 1), (j, k))
+
+
+def act(bound: BoundSpec, element: Mapping[str, tuple], params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A_g w for an element on some of the spaces (the others act as the identity)."""
+    out = dict(params)
+    for p in bound.params:
+        blocks = [b for b in p.blocks if any(a.space in element for a in b.atoms)]
+        if not blocks:
+            continue
+        t = params[p.name]
+        if len(p.blocks) == 1 and all(n == length for n, (_, length) in zip(t.shape, p.blocks[0].slices)):
+            b = p.blocks[0]  # the whole tensor is one block: no copy of the untouched parts
+            x = t.reshape([a.size for a in b.atoms])
+            for k, atom in enumerate(b.atoms):
+                if atom.space in element:
+                    owner = bound.spaces[atom.space].per
+                    j = next(i for i, a in enumerate(b.atoms) if a.space == owner) if owner else None
+                    x = _apply(x, element[atom.space], k, j)
+            out[p.name] = x.reshape(t.shape)
+            continue
+        new = t.clone()
+        for b in blocks:
+            view, target = t, new
+            for axis, (start, length) in enumerate(b.slices):
+                view, target = view.narrow(axis, start, length), target.narrow(axis, start, length)
+            x = view.reshape([a.size for a in b.atoms])
+            for k, atom in enumerate(b.atoms):
+                if atom.space not in element:
+                    continue
+                owner = bound.spaces[atom.space].per
+                j = next(i for i, a in enumerate(b.atoms) if a.space == owner) if owner else None
+                x = _apply(x, element[atom.space], k, j)
+            target.copy_(x.reshape(target.shape))
+        out[p.name] = new
+    return out
+
+
+class OutputCheck:
+    """The model in float64 at fixed inputs: relative output change under a group element."""
+
+    def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        self.model = model
+        self.params = {n: _to64(p) for n, p in model.named_parameters()}
+        self.buffers = {n: _to64(b).clone() for n, b in model.named_buffers()}
+        self.args, self.kwargs = _to64(tuple(args)), _to64(dict(kwargs))
+        self.forwards = 0
+        self.lowest_eps = 0.0
+        self.base = self.run(self.params)
+        self.base_norm = float(self.base.norm())
+
+    def tolerance(self, tol: float) -> float:
+        """`tol`, or 100 eps of the lowest precision the model casts to inside, if that is larger."""
+        return max(tol, 100 * self.lowest_eps)
+
+    def note(self) -> str | None:
+        if not self.lowest_eps:
+            return None
+        return (f"the model casts part of its float64 forward pass to a lower precision (eps {self.lowest_eps:.1e}, "
+                f"e.g. an RMSNorm computed in float32): the check's tolerance is {self.tolerance(0):.1e}")
+
+    def run(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        self.forwards += 1
+        mode = NoDropout()
+        with torch.no_grad(), mode:
+            out = functional_call(self.model, {**params, **self.buffers}, self.args, self.kwargs, strict=False)
+        self.lowest_eps = max(self.lowest_eps, mode.lowest_eps)
+        flat = [t.reshape(-1).to(torch.float64) for t in _tensors(out) if t.is_floating_point()]
+        if not flat:
+            raise ValueError("the model returned no floating-point tensor to compare")
+        return torch.cat(flat)
+
+    def rel_change(self, bound: BoundSpec, groups: Mapping[str, str], *, trials: int = 2,
+                   generator: torch.Generator | None = None) -> float:
+        """max over trials of |f(A_g w) - f(w)| / |f(w)|, g random on the spaces in `groups` (name -> group)."""
+        gen = generator or torch.Generator().manual_seed(0)
+        spaces = {}
+        for name, group in groups.items():
+            sp = bound.spaces[name]
+            copies = bound.spaces[sp.per].size if sp.per else 1
+            spaces[name] = (group, sp.size, copies)
+        worst = 0.0
+        for _ in range(trials):
+            element = sample_element(spaces, gen)
+            if not element:
+                return 0.0
+            moved = self.run(act(bound, element, self.params))
+            worst = max(worst, float((moved - self.base).norm()) / max(self.base_norm, 1e-300))
+        return worst

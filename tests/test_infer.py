@@ -1,0 +1,579 @@
+"""symo.infer_spec: inferred specs against hand-written ones, numeric truth, and deliberately broken models.
+
+Oracles: the bundled hand specs (mlp_tanh, mlp_relu, gpt, gpt_muon), hand specs written here from the
+published architectures (Hugging Face GPT-2's Conv1D layout, torchvision's ResNet-18), the existing
+`symo.check_symmetry` (dense group matrices through `CompiledSpec.act`, independent of the inference's
+own index-based action), and closed-form reasons a symmetry must break (a fixed buffer, rotary cos/sin).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from symo.compiler import bind, load_spec, parse_spec
+from symo.compiler.parse import bundled_specs
+from torch import nn
+from torch.func import functional_call
+from torch.nn import functional as F
+
+import symo
+from symo.infer import check_spec, infer, infer_spec
+from symo.infer_verify import act, element_matrices, sample_element
+from symo.models import GPT, MLP, GPTConfig
+from symo.models_resnet import resnet_tiny
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny float64 forward passes: one thread avoids oversubscribing a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11))
+
+
+def assignment(spec, model, sizes=None) -> dict[tuple, str]:
+    """(param, block, atom) -> space name, for every atom a non-identity group acts on."""
+    bound = bind(spec, symo.compiler.shapes_of(model), sizes)
+    out = {}
+    for p in bound.params:
+        for b in p.blocks:
+            for k, a in enumerate(b.atoms):
+                if a.space is not None:
+                    out[(p.name, b.slices, k)] = a.space
+    return out, bound
+
+
+def assert_covers(hand, inferred, model, hand_sizes=None, same_group=None):
+    """Every atom the hand spec moves, the inferred spec moves too, with one inferred space per hand space
+    (a renaming), and for the hand spaces in `same_group` the inferred group is the hand one."""
+    h, hb = assignment(hand, model, hand_sizes)
+    i, ib = assignment(inferred, model)
+    rename = {}
+    for key, space in h.items():
+        assert key in i, f"inferred spec leaves {key} free; the hand spec moves it with {space}"
+        rename.setdefault(space, set()).add(i[key])
+    for space, targets in rename.items():
+        assert len(targets) == 1, f"hand space {space} is split into {targets}"
+    assert len({next(iter(t)) for t in rename.values()}) == len(rename), "two hand spaces merged into one"
+    for space in same_group or ():
+        (target,) = rename[space]
+        assert ib.spaces[target].group == hb.spaces[space].group, (space, target)
+        assert (ib.spaces[target].per is None) == (hb.spaces[space].per is None)
+    return rename, ib
+
+
+def assert_all_true(result):
+    assert result.spaces, "nothing inferred"
+    for s in result.spaces:
+        assert s.status in ("true", "identity"), s
+    assert result.joint_rel_change is not None and result.joint_rel_change <= result.tolerance
+    assert result.tolerance <= 1e-9 or any("lower precision" in n for n in result.notes)
+
+
+def independent_check(model, spec, inputs):
+    """symo.check_symmetry on the summed squared outputs in float64, through CompiledSpec.act (dense matrices)."""
+    compiled = symo.compile(spec, model, disk_cache=False)
+    params = {n: p.detach().double() for n, p in model.named_parameters()}
+    buffers = {n: b.detach().clone().double() if b.is_floating_point() else b for n, b in model.named_buffers()}
+
+    def loss(w):
+        out = functional_call(model, {**w, **buffers}, inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        out = out.logits if hasattr(out, "logits") else out
+        return (out.double() ** 2).sum()
+
+    return symo.check_symmetry(loss, compiled, params, trials=2)
+
+
+# ---------------------------------------------------------------- serialisation
+
+
+@pytest.mark.parametrize("name", sorted(bundled_specs()))
+def test_to_toml_round_trips_every_bundled_spec(name):
+    spec = load_spec(name)
+    again = parse_spec(spec.to_toml(header="a comment\nover two lines"), source=spec.source)
+    assert again == spec
+
+
+def test_inferred_toml_round_trips_and_compiles():
+    model = tiny_gpt()
+    spec = infer_spec(model)
+    text = spec.to_toml()
+    again = parse_spec(text)
+    assert dataclasses.replace(again, source=spec.source) == spec
+    assert "{i}" in text  # repeated blocks are folded into patterns
+    assert len(text.splitlines()) < 30
+    symo.compile(again, model, disk_cache=False)
+
+
+# ---------------------------------------------------------------- the zoo
+
+
+@pytest.mark.parametrize("act_name, hand, group", [("tanh", "mlp_tanh", "signed_perm"), ("relu", "mlp_relu", "perm"),
+                                                   ("gelu", "mlp_relu", "perm")])
+def test_mlp_matches_the_hand_spec(act_name, hand, group):
+    torch.manual_seed(0)
+    model = MLP((8, 16, 16, 4), act=act_name)
+    result = infer(model)
+    assert_all_true(result)
+    assert {s.group for s in result.spaces} == {group}
+    assert_covers(load_spec(hand), result.spec, model, same_group=["h1", "h2"] if act_name != "gelu" else None)
+    assert list(result.uncovered) == ["fc3.bias"]  # nothing moves it: the hand spec writes it all-free
+    assert independent_check(model, result.spec, (torch.randn(3, 8, dtype=torch.float64),)).is_true_symmetry
+
+
+def test_gpt_covers_the_per_head_hand_spec():
+    model = tiny_gpt()
+    result = infer(model)
+    assert_all_true(result)
+    rename, bound = assert_covers(load_spec("gpt"), result.spec, model, hand_sizes={"dqk{i}": 8, "dvo{i}": 8},
+                                  same_group=["head0", "dqk0", "dvo0", "head1", "dqk1", "dvo1"])
+    # the hand spec's MLP space is a relaxed signed_perm (GELU is not odd): the inferred one is the true perm
+    assert bound.spaces[next(iter(rename["mlp0"]))].group == "perm"
+    # beyond the hand spec: the residual stream is one perm space shared by every block (LayerNorm)
+    res = [s for s in result.spaces if s.name == "res"]
+    assert res and res[0].group == "perm" and "transformer.wte.weight" in res[0].params
+    assert result.covered_params == result.total_params
+    ids = torch.randint(0, 11, (2, 8))
+    assert independent_check(model, result.spec, (ids,)).is_true_symmetry
+
+
+def test_muon_relaxation_is_the_bundled_muon_spec():
+    model = tiny_gpt()
+    result = infer(model, relax="muon")
+    assert all(s.status == "relaxed" for s in result.spaces)
+    assert_covers(load_spec("gpt_muon"), result.spec, model, same_group=["attn0", "aproj0", "fc0", "mproj0"])
+    assert sorted(symo.compile(result.spec, model, disk_cache=False).param_names) == \
+        sorted(symo.compile("gpt_muon", model, disk_cache=False).param_names)
+
+
+HF_GPT2_SPEC = """
+[spaces]
+res = "perm"
+"head{i}" = { group = "identity" }
+"dqk{i}" = { group = "orthogonal", per = "head{i}", size = 8 }
+"dvo{i}" = { group = "orthogonal", per = "head{i}", size = 8 }
+"mlp{i}" = "perm"
+[params]
+"transformer.wte.weight" = ["_", "res"]
+"transformer.wpe.weight" = ["_", "res"]
+"transformer.h.{i}.ln_{j}.weight" = ["res"]
+"transformer.h.{i}.ln_{j}.bias" = ["res"]
+"transformer.h.{i}.attn.c_attn.weight" = ["res", ["(head{i} dqk{i})", "(head{i} dqk{i})", "(head{i} dvo{i})"]]
+"transformer.h.{i}.attn.c_attn.bias" = [["(head{i} dqk{i})", "(head{i} dqk{i})", "(head{i} dvo{i})"]]
+"transformer.h.{i}.attn.c_proj.weight" = ["(head{i} dvo{i})", "res"]
+"transformer.h.{i}.attn.c_proj.bias" = ["res"]
+"transformer.h.{i}.mlp.c_fc.weight" = ["res", "mlp{i}"]
+"transformer.h.{i}.mlp.c_fc.bias" = ["mlp{i}"]
+"transformer.h.{i}.mlp.c_proj.weight" = ["mlp{i}", "res"]
+"transformer.h.{i}.mlp.c_proj.bias" = ["res"]
+"transformer.ln_f.weight" = ["res"]
+"transformer.ln_f.bias" = ["res"]
+"""
+
+
+def test_hugging_face_gpt2_conv1d_layout():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=13, n_positions=8, bos_token_id=0,
+                                  eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg)  # random init, train mode: dropout is taken as the identity
+    result = infer(model)
+    assert_all_true(result)
+    hand = parse_spec(HF_GPT2_SPEC)
+    assert_covers(hand, result.spec, model, same_group=[f"{s}{i}" for s in ("head", "dqk", "dvo", "mlp")
+                                                          for i in (0, 1)] + ["res"])
+    assert result.covered_params == result.total_params
+    muon = infer(model, relax="muon").spec.to_toml()
+    assert '"transformer.h.{i}.attn.c_attn.weight" = ["_", ' in muon  # Conv1D rows are the second axis
+    ids = torch.randint(0, 13, (2, 6))
+    model.eval()
+    assert independent_check(model, result.spec, (ids,)).is_true_symmetry
+
+
+RESNET_SPEC = """
+[spaces]
+s1 = "perm"
+s2 = "perm"
+s3 = "perm"
+s4 = "perm"
+"b{n}_{i}" = "perm"
+[params]
+"conv1.weight" = ["s1", "_", "_", "_"]
+"bn1.{w}" = ["s1"]
+"layer1.{i}.conv1.weight" = ["b1_{i}", "s1", "_", "_"]
+"layer1.{i}.conv2.weight" = ["s1", "b1_{i}", "_", "_"]
+"layer1.{i}.bn1.{w}" = ["b1_{i}"]
+"layer1.{i}.bn2.{w}" = ["s1"]
+"layer2.0.conv1.weight" = ["b2_0", "s1", "_", "_"]
+"layer2.1.conv1.weight" = ["b2_1", "s2", "_", "_"]
+"layer2.{i}.conv2.weight" = ["s2", "b2_{i}", "_", "_"]
+"layer2.{i}.bn1.{w}" = ["b2_{i}"]
+"layer2.{i}.bn2.{w}" = ["s2"]
+"layer2.0.downsample.0.weight" = ["s2", "s1", "_", "_"]
+"layer2.0.downsample.1.{w}" = ["s2"]
+"fc.weight" = ["_", "s2"]
+"""
+
+
+def test_resnet_torchvision_layout():
+    torch.manual_seed(0)
+    model = resnet_tiny()
+    result = infer(model)
+    assert_all_true(result)
+    assert {s.group for s in result.spaces} == {"perm"}  # BatchNorm gains and ReLU
+    assert len(result.spaces) == 12  # 4 stage streams + 8 block-internal spaces
+    assert list(result.uncovered) == ["fc.bias"]
+    # the first two stages written by hand (the later ones repeat the pattern)
+    sub = nn.Module()
+    for name in ("conv1", "bn1", "layer1", "layer2"):
+        setattr(sub, name, getattr(model, name))
+    sub.fc = nn.Linear(8, 10)
+    hand = parse_spec(RESNET_SPEC)
+    h, _ = assignment(hand, sub)
+    i, _ = assignment(result.spec, model)
+    pairs = {}
+    for key, space in h.items():
+        if not key[0].startswith("fc."):
+            pairs.setdefault(space, set()).add(i[key])
+    assert all(len(v) == 1 for v in pairs.values()) and len({next(iter(v)) for v in pairs.values()}) == len(pairs)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    assert independent_check(model, result.spec, (x,)).is_true_symmetry
+
+
+def test_torchvision_resnet18_same_names_and_inference():
+    tv = pytest.importorskip("torchvision")
+    ours = symo.models_resnet.resnet18()
+    theirs = tv.models.resnet18(weights=None)
+    assert [(n, tuple(p.shape)) for n, p in ours.named_parameters()] == \
+        [(n, tuple(p.shape)) for n, p in theirs.named_parameters()]
+    result = infer(theirs, torch.randn(2, 3, 32, 32))
+    assert_all_true(result)
+    assert infer(ours).spec == result.spec
+
+
+# ---------------------------------------------------------------- broken on purpose
+
+
+def test_non_odd_activation_declared_signed_perm_is_relaxed():
+    torch.manual_seed(0)
+    rows = check_spec("mlp_tanh", MLP((8, 16, 16, 4), act="relu"))
+    assert {r.space: r.status for r in rows} == {"h1": "relaxed", "h2": "relaxed"}
+    assert min(r.rel_change for r in rows) > 1e-3
+    rows = check_spec("mlp_relu", MLP((8, 16, 16, 4), act="relu"))
+    assert {r.status for r in rows} == {"true"}
+
+
+class OffsetMLP(nn.Module):
+    """tanh MLP whose first hidden layer gets a fixed per-channel offset (a buffer, not a parameter) or
+    is mixed by a fixed matrix before a per-channel bias: neither moves with the group, so h1 breaks."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(6, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+        self.how = how
+        self.register_buffer("offset", torch.linspace(-1, 1, 8))
+        self.register_buffer("mix", torch.eye(8)[torch.randperm(8)] + 0.1)
+        self.bias = nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h = h + self.offset if self.how == "offset" else h @ self.mix + self.bias
+        return self.fc3(torch.tanh(self.fc2(torch.tanh(h))))
+
+
+@pytest.mark.parametrize("how, words", [("offset", "fixed tensor"), ("mix", "fixed (non-parameter) matrix")])
+def test_operation_that_breaks_a_space_drops_it(how, words):
+    torch.manual_seed(0)
+    model = OffsetMLP(how)
+    result = infer(model, torch.randn(4, 6))
+    assert_all_true(result)
+    moved = {p for s in result.spaces for p in s.params}
+    assert "fc1.weight" not in result.spec.to_toml() and "fc1.weight" not in moved
+    assert "fc2.weight" in moved and [s.group for s in result.spaces] == ["signed_perm"]
+    assert any(words in d.reason and "fc1.weight" in d.params for d in result.dropped), result.report()
+    # the broken space really is broken: declaring it by hand is caught as relaxed
+    hand = parse_spec('[spaces]\nh = "perm"\n[params]\n"fc1.weight" = ["h", "_"]\n"fc1.bias" = ["h"]\n'
+                      '"fc2.weight" = ["_", "h"]\n')
+    (row,) = check_spec(hand, model, torch.randn(4, 6))
+    assert row.status == "relaxed"
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryAttention(nn.Module):
+    """One attention layer with rotary position embeddings (LLaMA's rotate_half form) on q and k."""
+
+    def __init__(self, d=16, heads=2, vocab=11, t=6, rotary=True):
+        super().__init__()
+        self.heads, self.rotary = heads, rotary
+        self.emb = nn.Embedding(vocab, d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.head = nn.Linear(d, vocab)
+        dh = d // heads
+        inv = 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh))
+        ang = torch.outer(torch.arange(t).float(), inv)
+        self.register_buffer("cos", torch.cat([ang, ang], -1).cos())
+        self.register_buffer("sin", torch.cat([ang, ang], -1).sin())
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        b, t, c = x.shape
+        q, k, v = (f(x).view(b, t, self.heads, c // self.heads).transpose(1, 2) for f in (self.q, self.k, self.v))
+        if self.rotary:
+            cos, sin = self.cos[:t], self.sin[:t]
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(x + self.o(y.transpose(1, 2).reshape(b, t, c)))
+
+
+def test_rotary_attention_drops_the_query_key_gauge():
+    torch.manual_seed(0)
+    ids = torch.randint(0, 11, (2, 6))
+    plain = infer(RotaryAttention(rotary=False), ids)
+    assert_all_true(plain)
+    assert {s.name.rstrip("0123456789") for s in plain.spaces} >= {"dqk", "dvo", "head"}
+    model = RotaryAttention(rotary=True)
+    result = infer(model, ids)
+    assert_all_true(result)
+    groups = {s.name: (s.group, s.per) for s in result.spaces}
+    assert not any(name.startswith("dqk") for name in groups), result.report()
+    assert groups.get("dvo") == ("orthogonal", "head") or any(g == ("orthogonal", "head") for g in groups.values())
+    assert any("q.weight" in d.params for d in result.dropped)
+    # declaring the gauge by hand anyway: the check calls it relaxed
+    hand = parse_spec('[spaces]\nhead = "identity"\nd = { group = "orthogonal", per = "head", size = 8 }\n'
+                      '[params]\n"q.weight" = ["(head d)", "_"]\n"k.weight" = ["(head d)", "_"]\n')
+    assert {r.space: r.status for r in check_spec(hand, model, ids)} == {"head": "identity", "d": "relaxed"}
+
+
+class CumsumMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(5, 7), nn.Linear(7, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(torch.logcumsumexp(self.fc1(x), dim=-1)))
+
+
+def test_unsupported_operation_is_reported_by_name_and_left_uncovered():
+    torch.manual_seed(0)
+    result = infer(CumsumMLP(), torch.randn(3, 5))
+    assert result.spaces == []
+    assert [op for op, _ in result.unknown_ops] == ["logcumsumexp"]
+    assert set(result.unknown_ops[0][1]) >= {"fc1.weight", "fc1.bias"}
+    assert "fc1.weight" in result.uncovered and "logcumsumexp" in result.report()
+
+
+class Residual(nn.Module):
+    """x -> W_in -> [x + fc2(tanh(fc1(norm(x))))] x 2 -> norm -> W_out: the residual group is decided by norm."""
+
+    def __init__(self, norm: str):
+        super().__init__()
+        self.norm = norm
+        self.inp, self.out = nn.Linear(4, 8), nn.Linear(8, 3)
+        self.blocks = nn.ModuleList(nn.ModuleDict(dict(fc1=nn.Linear(8, 12), fc2=nn.Linear(12, 8))) for _ in range(2))
+        self.gain = nn.Parameter(torch.rand(8) + 0.5)
+
+    def n(self, x):
+        if self.norm == "layer":
+            return F.layer_norm(x, (8,))
+        if self.norm == "rms_manual":  # LLaMA's RMSNorm without its gain
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        if self.norm == "rms":
+            return F.rms_norm(x, (8,), eps=1e-6)
+        return F.rms_norm(x, (8,), self.gain, eps=1e-6)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for b in self.blocks:
+            x = x + b["fc2"](torch.tanh(b["fc1"](self.n(x))))
+        return self.out(self.n(x))
+
+
+@pytest.mark.parametrize("norm, group", [("layer", "perm"), ("rms_manual", "orthogonal"), ("rms", "orthogonal"),
+                                         ("rms_gain", "perm")])
+def test_normalisation_decides_the_residual_group(norm, group):
+    torch.manual_seed(0)
+    model = Residual(norm)
+    result = infer(model, torch.randn(5, 4))
+    assert_all_true(result)
+    res = [s for s in result.spaces if s.name == "res"]
+    assert len(res) == 1 and res[0].group == group, result.report()
+    assert {s.group for s in result.spaces if s.name != "res"} == {"signed_perm"}  # tanh hidden units
+    if group == "orthogonal":  # the oracle: a rotation of the stream leaves the outputs unchanged
+        assert independent_check(model, result.spec, (torch.randn(5, 4, dtype=torch.float64),)).is_true_symmetry
+
+
+def test_numeric_check_narrows_a_group_the_graph_overestimates():
+    from symo.infer import _verify, trace
+    from symo.infer_layout import build_layout
+    from symo.infer_verify import OutputCheck
+
+    torch.manual_seed(0)
+    model = MLP((6, 10, 10, 3), act="relu")
+    x = torch.randn(4, 6)
+    layout = build_layout(trace(model, (x,), {}), {n: tuple(p.shape) for n, p in model.named_parameters()})
+    for s in layout.spaces.values():
+        s.group = "orthogonal"  # pretend the graph analysis missed the ReLU
+    results = _verify(layout, OutputCheck(model, (x,), {}), trials=2, tol=1e-9, seed=0)
+    assert [layout.spaces[sid].group for sid in results] == ["perm", "perm"]
+    assert {status for status, _ in results.values()} == {"narrowed"}
+
+
+def test_index_action_matches_dense_group_matrices():
+    """The verifier's gather/sign action equals CompiledSpec.act with the same element as matrices."""
+    model = tiny_gpt()
+    spec = infer_spec(model)
+    compiled = symo.compile(spec, model, disk_cache=False)
+    bound = bind(spec, symo.compiler.shapes_of(model))
+    gen = torch.Generator().manual_seed(3)
+    spaces = {n: (sp.group, sp.size, bound.spaces[sp.per].size if sp.per else 1) for n, sp in bound.spaces.items()}
+    spaces["c_fc0"] = ("signed_perm",) + spaces["c_fc0"][1:]  # exercise sign flips too
+    element = sample_element(spaces, gen)
+    w = {n: torch.randn(p.shape, dtype=torch.float64) for n, p in model.named_parameters()}
+    dense = element_matrices(element)
+    dense.update({n: torch.eye(sp.size, dtype=torch.float64).expand(spaces[n][2], -1, -1)
+                  for n, sp in bound.spaces.items() if n not in element})
+    ours, ref = act(bound, element, w), compiled.act(dense, w)
+    for n in w:
+        torch.testing.assert_close(ours[n], ref[n], rtol=0, atol=1e-12)
+
+
+def test_cli_infer_writes_a_spec_and_check_reads_it(tmp_path, capsys):
+    from symo.cli import main
+
+    out = tmp_path / "mlp.toml"
+    assert main(["infer", "--model", "symo.models:mlp_relu", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "isotypic blocks" in text and "true" in text
+    assert load_spec(out).spaces[0].group == "perm"
+    assert main(["check", str(out), "--model", "symo.models:mlp_relu"]) == 0
+    assert "2 true, 0 relaxed" in capsys.readouterr().out
+    assert main(["check", "mlp_tanh", "--model", "symo.models:mlp_relu"]) == 0
+    assert "0 true, 2 relaxed" in capsys.readouterr().out
+
+
+def test_bad_arguments_say_what_to_do():
+    with pytest.raises(ValueError, match="relax"):
+        infer(MLP(), relax="adam")
+    with pytest.raises(TypeError, match="example_inputs"):
+        infer(MLP(), example_inputs=3.0)
+    assert math.isfinite(infer(MLP()).seconds["total"])
+
+
+class SingleHead(nn.Module):
+    """Attention on the full width: the graph shows no head split."""
+
+    def __init__(self, d=8, vocab=11):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        y = F.scaled_dot_product_attention(self.q(x), self.k(x), self.v(x), is_causal=True)
+        return self.head(x + self.o(y))
+
+
+def test_heads_splits_attention_that_the_graph_shows_whole():
+    torch.manual_seed(0)
+    ids = torch.randint(0, 11, (2, 5))
+    whole = infer(SingleHead(), ids)
+    assert_all_true(whole)
+    qk = [s for s in whole.spaces if "q.weight" in s.params and "k.weight" in s.params and s.name != "res"]
+    assert len(qk) == 1 and qk[0].group == "orthogonal" and qk[0].per is None and qk[0].size == 8
+    split = infer(SingleHead(), ids, heads=2)
+    assert_all_true(split)
+    per = [s for s in split.spaces if s.per is not None]
+    assert sorted((s.size, split.spaces[[x.name for x in split.spaces].index(s.per)].size) for s in per) == \
+        [(4, 2), (4, 2)]  # dqk and dvo: O(4) per head, 2 heads
+
+
+def test_inferred_spec_drives_the_optimizer():
+    model = tiny_gpt()
+    spec = infer_spec(model)
+    opt = symo.Symo(model.named_parameters(), spec, lr=1e-2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = torch.randint(0, 11, (2, 8))
+    for _ in range(2):
+        opt.zero_grad()
+        model(ids, ids)[1].backward()
+        opt.step()
+    for n, p in model.named_parameters():
+        assert torch.isfinite(p).all() and not torch.equal(p, before[n]), n
+
+
+def test_hugging_face_llama_rotary_swiglu_rmsnorm():
+    """LLaMA: RoPE drops the q/k gauge, SwiGLU's gate and up share one perm space, the RMSNorm gain makes
+    the stream perm, and the float32 RMSNorm inside the float64 check sets its resolution."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=16, intermediate_size=24, num_attention_heads=2, num_key_value_heads=2,
+                                   num_hidden_layers=2, vocab_size=13, max_position_embeddings=8)
+    model = transformers.LlamaForCausalLM(cfg)
+    result = infer(model, {"input_ids": torch.randint(0, 13, (1, 6)), "use_cache": False})
+    assert_all_true(result)
+    assert 1e-9 < result.tolerance < 1e-4 and any("float32" in n for n in result.notes)
+    groups = {s.name: (s.group, s.per) for s in result.spaces}
+    assert groups["res"] == ("perm", None)
+    assert groups["dvo0"] == ("orthogonal", "head0") and not any(n.startswith("dqk") for n in groups)
+    mlp = [s for s in result.spaces if "model.layers.0.mlp.up_proj.weight" in s.params and s.name != "res"]
+    assert len(mlp) == 1 and mlp[0].group == "perm" and "model.layers.0.mlp.gate_proj.weight" in mlp[0].params
+    assert any("q_proj" in " ".join(d.params) and "rotary" in d.reason for d in result.dropped)
+
+
+def test_sampled_elements_always_move_something():
+    """Never the identity; a signed element flips a sign: a 2-unit ReLU layer declared signed_perm is
+    relaxed for every seed (with plain random sampling, 1 in 16 double trials would call it true)."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        el = sample_element({"p": ("perm", 2, 1), "s": ("signed_perm", 2, 3)}, gen)
+        assert el["p"][1].tolist() == [[1, 0]]
+        assert (el["s"][2] < 0).any(dim=1).all()
+    model = MLP((3, 2, 3), act="relu")
+    hand = parse_spec('[spaces]\nh = "signed_perm"\n[params]\n"fc1.weight" = ["h", "_"]\n"fc1.bias" = ["h"]\n'
+                      '"fc2.weight" = ["_", "h"]\n')
+    x = torch.randn(16, 3)
+    with torch.no_grad():
+        model.fc1.bias.fill_(0.5)  # every unit active somewhere, so a sign flip is visible
+    assert all(check_spec(hand, model, x, seed=s)[0].status == "relaxed" for s in range(5))
+
+
+class TorchMHA(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = nn.Linear(3, 8), nn.Linear(8, 2)
+        self.att = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        h = torch.tanh(self.emb(x))
+        return self.out(self.att(h, h, h, need_weights=False)[0])
+
+
+def test_torch_multihead_attention_and_sequential_names():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3)
+    model = TorchMHA()
+    result = infer(model, x)
+    assert_all_true(result)
+    groups = {s.name: (s.group, s.per, s.size) for s in result.spaces}
+    assert groups["dqk"] == ("orthogonal", "head", 4) and groups["dvo"] == ("orthogonal", "head", 4)
+    assert groups["emb"] == ("signed_perm", None, 8)  # tanh before the attention
+    assert "att.in_proj_weight" in result.spec.to_toml()
+    assert independent_check(model, result.spec, (x.double(),)).is_true_symmetry
+    seq = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
+    names = {s.name: s.group for s in infer(seq, torch.randn(3, 4)).spaces}
+    assert names == {"h0": "signed_perm", "h2": "perm"}
