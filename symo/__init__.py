@@ -37,3 +37,4 @@ def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | Non
     if isinstance(spec, (str, Path)):
         spec = load_spec(spec)
     return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache))
+from . import hessian as hessian  # noqa: E402
