@@ -219,7 +219,8 @@ def _estimate_dense(estimate: Any, names: list[str], like: Tensors) -> torch.Ten
 
 def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e-8, random_directions: int = 8,
             seed: int = 0, *, dense_max: int = DENSE_MAX, frobenius_max: int = FROBENIUS_MAX,
-            hessian: torch.Tensor | None = None) -> dict[str, float | None]:
+            hessian: torch.Tensor | None = None,
+            hessian_eigh: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float | None]:
     """Cosine similarities between an estimate H_hat and the true Hessian H at `params` (MATH.md §7).
 
     Returns cos_neg_grad = cos(H_hat(-g), H(-g)); cos_random = the mean of cos(H_hat v, H v) over
@@ -228,7 +229,8 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
     H by eigh with every eigenvalue moved away from zero by damping * max|lambda|), None when P >
     `dense_max`; cos_frobenius = <H_hat, H>_F / (|H_hat| |H|), None when P > `frobenius_max`. Only
     the parameters in `params` count; the estimate must cover every one of them. Pass `hessian` (the
-    output of `dense`) to reuse one H across estimates.
+    output of `dense`) to reuse one H across estimates, and `hessian_eigh` (torch.linalg.eigh of it)
+    to reuse its eigendecomposition.
     """
     p = _detached(params)
     names = list(p)
@@ -268,7 +270,7 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
             x_hat = {n: t.double() for n, t in inv.matvec(dict(g)).items() if n in p}
         else:
             x_hat = solve_cg(est_mv, g, damping)
-        evals, evecs = torch.linalg.eigh(hessian)
+        evals, evecs = hessian_eigh if hessian_eigh is not None else torch.linalg.eigh(hessian)
         x_true = unflatten(_true_inverse_apply(evals, evecs, flatten(g, names), damping), p)
         result["cos_newton"] = _cos(x_hat, x_true)
     else:
