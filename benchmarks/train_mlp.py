@@ -9,8 +9,9 @@ Muon (written here from the published algorithm: NS5 on weight matrices, Adam on
 and K-FAC (momentum 0.9, update H^{-1} m with symo.hessian's estimators, EMA 0.95 statistics, relative
 damping), Adam, GD. Each learning rate is tuned on a grid (seed 0, the reported length, final test
 loss; the grid is extended when the best rate sits at its edge), then 3 seeds run at that rate.
-Steps to target: the first evaluation at which the seed-mean test loss reaches the tuned Adam's
-final seed-mean test loss.
+Every optimizer's learning rate decays to zero on a cosine over the run (normalised updates such as
+Symo's and Muon's need a decay to settle). Steps to target: the first evaluation at which the
+seed-mean test loss reaches the tuned Adam's final seed-mean test loss.
 
     python benchmarks/train_mlp.py                 # both parts; --part mlp | autoencoder; --quick
 """
@@ -68,7 +69,7 @@ class Muon:
     def __init__(self, model: torch.nn.Module, lr: float) -> None:
         self.mats = [p for p in model.parameters() if p.ndim == 2]
         self.bufs = [torch.zeros_like(p) for p in self.mats]
-        self.lr = lr
+        self.hp = {"lr": lr}
         self.adam = torch.optim.Adam([p for p in model.parameters() if p.ndim != 2], lr=lr / 10)
 
     @torch.no_grad()
@@ -76,7 +77,7 @@ class Muon:
         for p, buf in zip(self.mats, self.bufs):
             buf.lerp_(p.grad, 0.05)
             u = p.grad.lerp(buf, 0.95)
-            p.add_(ns5(u) * max(1.0, p.shape[0] / p.shape[1]) ** 0.5, alpha=-self.lr)
+            p.add_(ns5(u) * max(1.0, p.shape[0] / p.shape[1]) ** 0.5, alpha=-self.hp["lr"])
         self.adam.step()
 
 
@@ -86,7 +87,7 @@ class Preconditioned:
 
     def __init__(self, model: torch.nn.Module, estimator, lr: float, damping: float, every: int = 1) -> None:
         self.params = dict(model.named_parameters())
-        self.est, self.lr, self.damping, self.every = estimator, lr, damping, every
+        self.est, self.hp, self.damping, self.every = estimator, {"lr": lr}, damping, every
         self.m = {n: torch.zeros_like(p) for n, p in self.params.items()}
         self.t, self.inv = 0, None
 
@@ -101,7 +102,7 @@ class Preconditioned:
         self.t += 1
         upd = self.inv.matvec(self.m)
         for n, p in self.params.items():
-            p.add_(upd[n].to(p.dtype), alpha=-self.lr)
+            p.add_(upd[n].to(p.dtype), alpha=-self.hp["lr"])
 
 
 # ------------------------------------------------------------------ problems
@@ -109,7 +110,7 @@ def problem(name: str, seed: int):
     """-> (sizes, act, x_train, y_train, x_test, y_test, loss_fn, steps, batch, eval_every, precond_every)."""
     if name.startswith("mlp_"):
         act = name.split("_")[1]
-        x, y, xt, yt = mc.teacher_student(100, 40, act, seed, n_train=1000, n_test=1000, teacher_hidden=(70,),
+        x, y, xt, yt = mc.teacher_student(100, 40, act, seed, n_train=4000, n_test=1000, teacher_hidden=(70,),
                                           dtype=torch.float32)
         return (100, 70, 40), act, x, y, xt, yt, mc.mse, 300, None, 10, 1
     from symo.data_mnist import load_mnist
@@ -141,6 +142,16 @@ def make_optimizer(kind: str, model: torch.nn.Module, lr: float, act: str, preco
     raise ValueError(kind)
 
 
+def _lr_holders(opt) -> list[dict]:
+    """Every dict holding a learning rate under the key "lr" (torch param groups, or our own)."""
+    if isinstance(opt, torch.optim.Optimizer):
+        return list(opt.param_groups)
+    holders = [opt.hp]
+    if isinstance(opt, Muon):
+        holders += list(opt.adam.param_groups)
+    return holders
+
+
 def train(name: str, kind: str, lr: float, seed: int) -> dict:
     torch.set_num_threads(1)
     sizes, act, x, y, xt, yt, loss_fn, steps, batch, eval_every, precond_every = problem(name, seed)
@@ -153,8 +164,12 @@ def train(name: str, kind: str, lr: float, seed: int) -> dict:
         with torch.no_grad():
             return float(loss_fn(model(xt), yt))
 
+    groups = _lr_holders(opt)
+    base = [h["lr"] for h in groups]
     t0 = time.time()
     for step in range(steps + 1):
+        for h, lr0 in zip(groups, base):  # cosine decay to zero over the run, for every optimizer
+            h["lr"] = lr0 * 0.5 * (1 + math.cos(math.pi * step / steps))
         if step % eval_every == 0 or step == steps:
             test = evaluate()
             curve.append((step, test))
@@ -300,7 +315,7 @@ def main() -> None:
                          for p in ("mlp_tanh", "mlp_linear")}
             meta = {"command": cmd, "wall_s": time.time() - t0, "seeds": seeds, "description":
                     "Teacher-student MLP 100-70-40 (teacher of the same shape, weights x2, targets standardised, "
-                    "noise 0.01), 1000 train / 1000 test Gaussian inputs, full batch, 300 iterations, MSE, float32. "
+                    "noise 0.01), 4000 train / 1000 test Gaussian inputs, full batch, 300 iterations, MSE, float32. "
                     "Symo uses the true group (signed_perm for tanh, orthogonal for linear)."}
             write("train_mlp", summaries, meta, out, "Teacher-student MLP 100-70-40: test loss against iterations")
         if args.part in ("autoencoder", "both"):

@@ -35,7 +35,7 @@ def flat(params):
 
 # ------------------------------------------------------------------ the truth
 def test_dense_matches_finite_differences_and_torch_func():
-    _, _, _, params, loss_fn = tiny_problem()
+    _, _, _, params, loss_fn = tiny_problem(sizes=(2, 3, 3, 2), n=6)
     h = hessian.dense(loss_fn, params)
     w0 = flat(params)
 
@@ -87,7 +87,7 @@ def test_cg_fallback_matches_the_direct_solve():
     gen = torch.Generator().manual_seed(0)
     n = sum(t.numel() for t in params.values())
     a = torch.randn(n, n, generator=gen, dtype=torch.float64)
-    spd = a @ a.T + 0.5 * torch.eye(n, dtype=torch.float64)
+    spd = a @ a.T / n + 0.5 * torch.eye(n, dtype=torch.float64)
     b = {k: torch.randn(t.shape, generator=gen, dtype=torch.float64) for k, t in params.items()}
     est = hessian.DenseEstimate(spd, params)
     x = hessian.solve_cg(est.matvec, b, damping=0.0, iters=2000, tol=1e-13)
@@ -107,7 +107,7 @@ def test_newton_cosine_without_power_uses_cg():
     n = sum(t.numel() for t in params.values())
     gen = torch.Generator().manual_seed(1)
     a = torch.randn(n, n, generator=gen, dtype=torch.float64)
-    est = hessian.DenseEstimate(a @ a.T + torch.eye(n, dtype=torch.float64), params)
+    est = hessian.DenseEstimate(a @ a.T / n + torch.eye(n, dtype=torch.float64), params)
     with_power = hessian.compare(est, loss_fn, params, damping=1e-3, random_directions=2)
     without = hessian.compare(_NoPower(est), loss_fn, params, damping=1e-3, random_directions=2)
     assert without["cos_newton"] == pytest.approx(with_power["cos_newton"], abs=1e-6)
