@@ -47,3 +47,4 @@ def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | Non
         raise TypeError(f"compile: spec must be a Spec, a path or a bundled spec name (e.g. 'gpt_muon'), "
                         f"got {type(spec).__name__}")
     return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache))
+from . import hessian as hessian  # noqa: E402
