@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from functools import cache
 
 import sympy
+from sympy.polys.matrices import DomainMatrix
 
 from .diagrams import N, Partition, diagrams, gram_matrix
 from .errors import SpecError
@@ -202,7 +203,9 @@ def gram_inverse(group: str, k: int = 4) -> sympy.Matrix:
     """The exact inverse of the diagram Gram matrix, rational in n: projection coefficients onto the
     commutant are c = G^{-1} b with b_pi = <delta_pi, v v^T> (needs n large enough that the diagrams
     are independent: n >= k for perm)."""
-    return sympy.simplify(gram_matrix(group, k).inv())
+    # exact Gaussian elimination over the field Q(n), then factor each entry
+    exact = DomainMatrix.from_Matrix(gram_matrix(group, k)).to_field().inv().to_Matrix()
+    return exact.applyfunc(sympy.factor)
 
 
 def diagram_coefficients(group: str, k: int = 4) -> tuple[tuple[Partition, ...], sympy.Matrix]:
