@@ -197,7 +197,6 @@ def generate_tier2(structure: Structure, key: str) -> GeneratedCode:
     bound = structure.bound
     sizes = bound.sizes
     pr = _Printer(list(sizes))
-    names = [p.name for p in bound.params]
     comps_by_block: dict[tuple[str, int], list] = {}
     for ib in structure.blocks:
         for c in ib.components:
@@ -251,7 +250,8 @@ def generate_tier2(structure: Structure, key: str) -> GeneratedCode:
         lines.append(f"        {ib.id!r}: {joined},")
     lines += ["    }", "", ""]
 
-    lines += ["def scatter(z):", '    """{block id: Z (batch, mult, width)} -> {param: tensor}; gather\'s transpose."""']
+    lines += ["def scatter(z):",
+              '    """{block id: Z (batch, mult, width)} -> {param: tensor}; gather\'s transpose."""']
     for ib in structure.blocks:
         lines.append(f"    z_{ib.id} = z[{ib.id!r}]")
     lines.append("    out = {}")

@@ -161,22 +161,22 @@ def _multiply(x: dict, y: dict) -> dict:
     return {k: v for k, v in out.items() if v != 0}
 
 
+def _root(parent: list[int], i: int) -> int:
+    while parent[i] != i:
+        i = parent[i]
+    return i
+
+
 def _trace(x: dict) -> sympy.Expr:
     """Trace of a diagram operator: join each output point with its input point (0-2, 1-3) and
     count the components, n^components per diagram."""
     total = sympy.Integer(0)
     for part, c in x.items():
         parent = list(range(4))
-
-        def find(i: int) -> int:
-            while parent[i] != i:
-                i = parent[i]
-            return i
-
         for block in (*part, (0, 2), (1, 3)):
             for i in block:
-                parent[find(i)] = find(block[0])
-        total += c * N ** len({find(i) for i in range(4)})
+                parent[_root(parent, i)] = _root(parent, block[0])
+        total += c * N ** len({_root(parent, i) for i in range(4)})
     return sympy.simplify(total)
 
 

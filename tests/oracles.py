@@ -482,9 +482,9 @@ def haar_orbit_average(n: int, params: Sequence[tuple[str, Sequence[int], Sequen
     parts = torch.split(v.to(DTYPE).reshape(-1), sizes)
     vs = [part.reshape(tuple(s)) for part, (_, s, _) in zip(parts, params)]
     rows = []
-    for p, (_, sp, ap) in enumerate(params):
+    for p, (_, _, ap) in enumerate(params):
         row = []
-        for q, (_, sq, aq) in enumerate(params):
+        for q, (_, _, aq) in enumerate(params):
             ins_p, outs_p, vp_sub, res_p = [], [], [], []
             for axis in ap:
                 if axis == "h":

@@ -224,7 +224,7 @@ def test_bundled_rnn_specs_are_true_symmetries_and_compile():
         compiled = symo.compile(symo.load_spec(spec), model, disk_cache=False)
         assert compiled.param_names == ["W_ih", "W_hh", "b_h", "W_hy", "b_y"] and not compiled.uncovered
         w = dict(model.named_parameters())
-        loss = lambda p: torch.func.functional_call(model, p, (x,)).pow(2).mean()  # noqa: E731
+        loss = lambda p, m=model: torch.func.functional_call(m, p, (x,)).pow(2).mean()  # noqa: E731
         report = symo.check_symmetry(loss, compiled, w, trials=3)
         assert report.is_true_symmetry, report
     tied = TiedRNN(6, 5).double()
