@@ -137,9 +137,13 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--rnn-only", action="store_true", help="only the RNN entry (JSON and its own table)")
     args = ap.parse_args()
-    if args.rnn_only:
+    if args.rnn_only:  # replace the RNN section of the table, keep the other measurements
         result, lines = rnn_entry(args.reps)
         write_json("rnn", result)
+        lines[2:2] = ["", f"Command: `python benchmarks/compile_and_apply.py --rnn-only --reps {args.reps}`"]
+        path = ROOT / "benchmarks" / "results" / "compile_and_apply.md"
+        old = path.read_text().split("\nTanh RNN (tier 2")[0].rstrip("\n") if path.exists() else ""
+        path.write_text(old + "\n" + "\n".join(lines) + "\n")
         print("\n".join(lines))
         return
     rows = []

@@ -287,3 +287,14 @@ def test_cost_is_linear_in_the_parameters():
     mem = compiled.memory()
     assert mem["factors"] < mem["params"] and mem["factors"] * 1000 < mem["dense"]
     assert math.isclose(sum(b.mult * b.dim for b in compiled.blocks), mem["params"])
+
+
+def test_haar_oracle_closed_forms():
+    """The Weingarten oracle against moments of a uniform unit vector (a column of Haar Q):
+    E[x_1^4] = 3 / (n (n + 2)), E[x_1^2 x_2^2] = 1 / (n (n + 2)); and E[tr(Q)^4] = 3 (Diaconis-Shahshahani)."""
+    for n in (3, 4):
+        m = O.haar_moment(4, n)
+        assert math.isclose(float(m[0, 0, 0, 0, 0, 0, 0, 0]), 3 / (n * (n + 2)), rel_tol=1e-12)
+        assert math.isclose(float(m[0, 0, 1, 1, 0, 0, 0, 0]), 1 / (n * (n + 2)), rel_tol=1e-12)
+        assert math.isclose(float(torch.einsum("ijklijkl->", m)), 3.0, rel_tol=1e-12)
+        assert float(O.haar_moment(3, n).abs().max()) == 0.0
