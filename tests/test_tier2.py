@@ -19,7 +19,7 @@ import oracles as O
 import pytest
 import sympy
 import torch
-from symo.compiler import bind, derive_structure, generate, parse_spec
+from symo.compiler import bind, derive_structure, generate, parse_spec, tier2
 from symo.compiler.codegen_tier2 import generate_tier2
 from symo.compiler.diagrams import N, diagrams, gram_matrix
 from symo.compiler.tier2 import check_pieces, derive_tier2, gram_inverse, irrep_dim, is_tier2
@@ -165,6 +165,10 @@ def test_symbolic_piece_projectors(group):
         if irrep != "triv":
             assert sympy.simplify(trace - irrep_dim(group, irrep, N)) == 0
     assert sympy.simplify(sum(traces.values()) - N ** 2) == 0
+    # the check can fail: sym * alt is not sym
+    proj = tier2.piece_projectors(group)
+    with pytest.raises(RuntimeError):
+        tier2._require_equal(tier2._multiply(proj["sym"], proj["alt"]), proj["sym"], "sym * alt")
 
 
 @pytest.mark.parametrize("group", ["orthogonal", "signed_perm", "perm"])
