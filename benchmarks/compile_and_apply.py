@@ -107,7 +107,17 @@ def rnn_entry(reps: int, hidden: int = 512, batch: int = 32, length: int = 50) -
     def curvature_path() -> dict:
         return compiled.orbit_average(grads).power(-0.5).matvec(grads)
 
-    t_fb, t_symo = median_time(fwd_bwd, reps), median_time(curvature_path, reps)
+    # interleaved rounds, so a change in the shared machine's load hits both sides alike
+    curvature_path()
+    fb_times, symo_times = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fwd_bwd()
+        fb_times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        curvature_path()
+        symo_times.append(time.perf_counter() - t)
+    t_fb, t_symo = statistics.median(fb_times), statistics.median(symo_times)
     result = {"hidden": hidden, "batch": batch, "length": length, "params": compiled.memory()["params"],
               "blocks": [b.name for b in compiled.blocks], "cold_compile_s": cold,
               "fwd_bwd_s": t_fb, "orbit_power_matvec_s": t_symo, "ratio_to_fwd_bwd": t_symo / t_fb,
