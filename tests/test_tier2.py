@@ -302,3 +302,19 @@ def test_haar_oracle_closed_forms():
         assert math.isclose(float(m[0, 0, 1, 1, 0, 0, 0, 0]), 1 / (n * (n + 2)), rel_tol=1e-12)
         assert math.isclose(float(torch.einsum("ijklijkl->", m)), 3.0, rel_tol=1e-12)
         assert float(O.haar_moment(3, n).abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("group", ["perm", "signed_perm"])
+def test_fused_axis_and_per_space_next_to_a_repeated_space(group):
+    """W = [[h | free], h] (one block repeats h, one does not) and a per-head O(2) space in Q, exhaustive
+    (d occurs once per block, so B_2 is exact for it)."""
+    n = 3
+    text = (f'[spaces]\nh = {{ group = "{group}" }}\nhead = {{ group = "identity", size = 2 }}\n'
+            'd = { group = "orthogonal", per = "head" }\n[params]\n"W" = [["h", "_"], "h"]\n"Q" = ["(head d)", "h"]\n')
+    shapes = {"W": (n + 2, n), "Q": (4, n)}
+    layout = [("W", (n + 2, n), [["h", ("_", 2)], "h"]), ("Q", (4, n), [("head", "d"), "h"])]
+    spaces = {"h": (group, n, None), "head": ("identity", 2, None), "d": ("orthogonal", 2, "head")}
+    compiled = compile_text(text, shapes)
+    grads = random_tensors(layout, seed=21)
+    S_ref = O.dense_orbit_average(O.action_matrices(spaces, layout), O.flatten(grads, ["W", "Q"]))
+    check_against_oracle(compiled.orbit_average(grads), S_ref, ["W", "Q"], [(n + 2, n), (4, n)], seed=21)
