@@ -24,9 +24,11 @@ holds unchanged: Y stacks every copy of lambda, in its common frame. The pieces,
               alt   (Xc - Xc^T)/2                        d = (n-1)(n-2)/2   (frame n^2)
               sym   the rest of (Xc + Xc^T)/2            d = n(n-3)/2       (frame n^2; absent for n = 3)
 
-Dimensions and coefficients are sympy expressions in the size symbol; `piece_projectors` writes the
-orthogonal/signed_perm projectors in the diagram basis and `check_pieces` verifies symbolically
-that they are orthogonal idempotents summing to the identity with traces d_lambda. The maps are
+Dimensions and coefficients are sympy expressions in the size symbol. `copy_projectors` writes the
+projector of every copy as a combination of diagrams with coefficients in Q(n); `piece_dims` takes
+d_lambda from the traces of the central idempotents (`piece_projectors`), and `check_pieces`
+verifies exactly, in the diagram algebra, that the copies are orthogonal idempotents summing to the
+identity and that each irrep's idempotent is central: the decomposition into simple blocks. The maps are
 orthogonal projections or isometries, so gather is an orthogonal change of coordinates and scatter
 its transpose. Cost per parameter: a few passes over the tensor (sums, diagonals, transposes).
 """
@@ -90,9 +92,9 @@ def irrep_dim(group: str, irrep: str, n: sympy.Expr) -> sympy.Expr:
         ("signed_perm", ALT): n * (n - 1) / 2,
         ("orthogonal", NAT): n, ("orthogonal", SYM): n * (n + 1) / 2 - 1, ("orthogonal", ALT): n * (n - 1) / 2,
     }
-    if group in ("orthogonal", "signed_perm") and irrep not in (NAT, TRIV):
+    if irrep in (ALT, SYM, DIAG):
         # derived, not looked up: the trace of the piece's projector in the diagram algebra
-        return sympy.expand(check_pieces(group)[irrep].subs(N, n))
+        return sympy.expand(piece_dims(group)[irrep].subs(N, n))
     return sympy.expand(table[(group, irrep)])
 
 
@@ -104,6 +106,7 @@ def frame_width(irrep: str, n: sympy.Expr) -> sympy.Expr:
 # Operators on R^n (x) R^n written in the diagram basis of k = 4 points (0, 1: output indices,
 # 2, 3: input indices). Their products follow the diagram algebra: compose, count closed loops.
 
+@cache
 def _compose(a: Partition, b: Partition) -> tuple[Partition, int]:
     """Product a b of two partitions on 4 points (top 0,1 / bottom 2,3): the diagram and the
     number of components that touch only the middle row (each contributes a factor n)."""
@@ -137,28 +140,68 @@ def _compose(a: Partition, b: Partition) -> tuple[Partition, int]:
     return tuple(sorted(b for b in blocks if b)), loops
 
 
-def piece_projectors(group: str) -> dict[str, dict[Partition, sympy.Expr]]:
-    """Isotypic projectors of R^n (x) R^n as combinations of diagrams (orthogonal, signed_perm).
+# exact arithmetic in the field Q(n): fast, and equality is exact (no simplification heuristics)
+K = sympy.QQ.frac_field(N)
+KN = K.from_sympy(N)
 
-    Diagram {02}{13} is the identity X -> X, {03}{12} the transpose, {01}{23} X -> tr(X) I and
-    {0123} X -> diag(diag X)."""
-    ident, swap, trace, full = ((0, 2), (1, 3)), ((0, 3), (1, 2)), ((0, 1), (2, 3)), ((0, 1, 2, 3),)
-    half = sympy.Rational(1, 2)
+
+def _d(*blocks: tuple[int, ...]) -> Partition:
+    return tuple(sorted(tuple(sorted(b)) for b in blocks))
+
+
+def _lin(*terms: tuple[sympy.Expr, dict]) -> dict:
+    """sum of coefficient * diagram combination."""
+    out: dict = {}
+    for c, x in terms:
+        for k, v in x.items():
+            out[k] = out.get(k, K.zero) + c * v
+    return {k: v for k, v in out.items() if v != K.zero}
+
+
+@cache
+def copy_projectors(group: str) -> dict[str, tuple[dict[Partition, sympy.Expr], ...]]:
+    """For each irrep of R^n (x) R^n, the projectors onto its copies (the maps of the module
+    docstring) as combinations of diagram operators, coefficients rational in n.
+
+    Points 0, 1 are the output indices (i, j), 2, 3 the input (k, l): {02}{13} is X -> X, {03}{12}
+    X -> X^T, {01}{23} X -> tr(X) I, {0123} X -> diag(diag X); for perm, {02}{1}{3} is X -> X J and
+    {0}{13}{2} X -> J X, {0}{1}{2}{3} X -> J X J."""
+    one, half, n = K.one, K.one / 2, KN
+    ident, swap = {_d((0, 2), (1, 3)): one}, {_d((0, 3), (1, 2)): one}
+    trace, full = {_d((0, 1), (2, 3)): one}, {_d((0, 1, 2, 3)): one}
+    sym, alt = _lin((half, ident), (half, swap)), _lin((half, ident), (-half, swap))
     if group == "orthogonal":
-        return {TRIV: {trace: 1 / N}, SYM: {ident: half, swap: half, trace: -1 / N},
-                ALT: {ident: half, swap: -half}}
+        return {TRIV: (_lin((1 / n, trace)),), SYM: (_lin((one, sym), (-1 / n, trace)),), ALT: (alt,)}
     if group == "signed_perm":
-        return {TRIV: {trace: 1 / N}, DIAG: {full: sympy.Integer(1), trace: -1 / N},
-                SYM: {ident: half, swap: half, full: sympy.Integer(-1)}, ALT: {ident: half, swap: -half}}
-    raise ValueError(f"projectors in the diagram basis are written for orthogonal and signed_perm, not {group!r}")
+        return {TRIV: (_lin((1 / n, trace)),), DIAG: (_lin((one, full), (-1 / n, trace)),),
+                SYM: (_lin((one, sym), (-one, full)),), ALT: (alt,)}
+    if group == "perm":
+        right, left = {_d((0, 2), (1,), (3,)): one}, {_d((0,), (1, 3), (2,)): one}
+        both = {_d((0,), (1,), (2,), (3,)): one}
+        dc = _lin((one, ident), (-1 / n, left), (-1 / n, right), (1 / n ** 2, both))  # X -> P X P
+        t1 = _lin((1 / n ** 2, both))
+        t2 = _lin((1 / (n - 1), _multiply(_multiply(dc, trace), dc)))
+        row, col = _lin((1 / n, right), (-1 / n ** 2, both)), _lin((1 / n, left), (-1 / n ** 2, both))
+        centred_diag = _lin((one, full), (-1 / n, trace))  # X -> diag((I - J/n) diag X)
+        pdiag = _lin((n / (n - 2), _multiply(_multiply(dc, centred_diag), dc)))
+        palt = _multiply(dc, alt)
+        psym = _lin((one, _multiply(dc, sym)), (-one, t2), (-one, pdiag))
+        return {TRIV: (t1, t2), STD: (row, col, pdiag), ALT: (palt,), SYM: (psym,)}
+    raise ValueError(f"no diagram projectors for group {group!r}")
+
+
+def piece_projectors(group: str) -> dict[str, dict[Partition, sympy.Expr]]:
+    """The central idempotents of the commutant on R^n (x) R^n (one per irrep, the sum of its
+    copies): the simple blocks that powers act on separately."""
+    return {k: _lin(*((K.one, c) for c in copies)) for k, copies in copy_projectors(group).items()}
 
 
 def _multiply(x: dict, y: dict) -> dict:
     out: dict = {}
     for (a, ca), (b, cb) in itertools.product(x.items(), y.items()):
         c, loops = _compose(a, b)
-        out[c] = sympy.cancel(out.get(c, 0) + ca * cb * N ** loops)
-    return {k: v for k, v in out.items() if v != 0}
+        out[c] = out.get(c, K.zero) + ca * cb * KN ** loops
+    return {k: v for k, v in out.items() if v != K.zero}
 
 
 def _root(parent: list[int], i: int) -> int:
@@ -170,36 +213,47 @@ def _root(parent: list[int], i: int) -> int:
 def _trace(x: dict) -> sympy.Expr:
     """Trace of a diagram operator: join each output point with its input point (0-2, 1-3) and
     count the components, n^components per diagram."""
-    total = sympy.Integer(0)
+    total = K.zero
     for part, c in x.items():
         parent = list(range(4))
         for block in (*part, (0, 2), (1, 3)):
             for i in block:
                 parent[_root(parent, i)] = _root(parent, block[0])
-        total += c * N ** len({_root(parent, i) for i in range(4)})
-    return sympy.factor(sympy.cancel(total))
+        total += c * KN ** len({_root(parent, i) for i in range(4)})
+    return total
 
 
 @cache
 def check_pieces(group: str) -> dict[str, sympy.Expr]:
-    """Verify symbolically (in n) that the piece projectors are orthogonal idempotents summing to the
-    identity, and return their traces: the irrep dimensions d_lambda (multiplicity one each)."""
-    proj = piece_projectors(group)
-    for (ka, a), (kb, b) in itertools.product(proj.items(), repeat=2):
-        _require_equal(_multiply(a, b), a if ka == kb else {}, f"{group}: {ka} * {kb}")
-    total: dict = {}
-    for p in proj.values():
-        for k, v in p.items():
-            total[k] = total.get(k, 0) + v
-    _require_equal(total, {((0, 2), (1, 3)): sympy.Integer(1)}, f"{group}: sum of the projectors")
-    return {k: _trace(p) for k, p in proj.items()}
+    """Verify symbolically (in n) that the copy projectors are orthogonal idempotents summing to the
+    identity and that each irrep's sum is central (commutes with every diagram of the group); return
+    the irrep dimensions d_lambda = trace / (number of copies)."""
+    copies = [(k, i, c) for k, cs in copy_projectors(group).items() for i, c in enumerate(cs)]
+    for (ka, ia, a), (kb, ib, b) in itertools.product(copies, repeat=2):
+        _require_equal(_multiply(a, b), a if (ka, ia) == (kb, ib) else {}, f"{group}: {ka}{ia} * {kb}{ib}")
+    total = _lin(*((K.one, c) for _, _, c in copies))
+    _require_equal(total, {_d((0, 2), (1, 3)): K.one}, f"{group}: sum of the projectors")
+    central = piece_projectors(group)
+    for k, e in central.items():
+        for pi in diagrams(group, 4):
+            _require_equal(_multiply(e, {pi: K.one}), _multiply({pi: K.one}, e),
+                           f"{group}: {k} is not central")
+    return piece_dims(group)
+
+
+@cache
+def piece_dims(group: str) -> dict[str, sympy.Expr]:
+    """d_lambda of each irrep of R^n (x) R^n: the trace of its central idempotent over its number of
+    copies (what compiling needs; `check_pieces` also verifies the algebra, which takes longer)."""
+    sizes = {k: len(cs) for k, cs in copy_projectors(group).items()}
+    return {k: sympy.factor(K.to_sympy(_trace(e) / sizes[k])) for k, e in piece_projectors(group).items()}
 
 
 def _require_equal(x: dict, y: dict, what: str) -> None:
-    """Two diagram combinations are equal as rational functions of n (sympy.cancel: no simplify,
-    which would import sympy.physics and cost most of a cold compile)."""
+    """Two diagram combinations are equal as rational functions of n (exact, in Q(n); sympy's
+    simplify would also import sympy.physics and cost most of a cold compile)."""
     for k in set(x) | set(y):
-        if sympy.cancel(x.get(k, 0) - y.get(k, 0)) != 0:
+        if x.get(k, K.zero) != y.get(k, K.zero):
             raise RuntimeError(f"tier-2 piece projectors are inconsistent ({what}, diagram {k})")
 
 

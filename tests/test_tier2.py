@@ -22,7 +22,7 @@ import torch
 from symo.compiler import bind, derive_structure, generate, parse_spec, tier2
 from symo.compiler.codegen_tier2 import generate_tier2
 from symo.compiler.diagrams import N, diagrams, gram_matrix
-from symo.compiler.tier2 import check_pieces, derive_tier2, gram_inverse, irrep_dim, is_tier2
+from symo.compiler.tier2 import check_pieces, derive_tier2, gram_inverse, is_tier2
 
 import symo
 from symo.rnn import RNN, TiedRNN
@@ -156,15 +156,40 @@ def test_commutant_dimension_of_rn_tensor_rn(group, expected):
         assert sum(b.mult ** 2 for b in compiled.blocks) == 14
 
 
-@pytest.mark.parametrize("group", ["orthogonal", "signed_perm"])
-def test_symbolic_piece_projectors(group):
-    """The diagram-basis projectors are orthogonal idempotents (checked inside, symbolically) whose
-    traces are the irrep dimensions the structure uses."""
-    traces = check_pieces(group)
-    for irrep, trace in traces.items():
-        if irrep != "triv":
-            assert sympy.simplify(trace - irrep_dim(group, irrep, N)) == 0
-    assert sympy.simplify(sum(traces.values()) - N ** 2) == 0
+EXPECTED_DIMS = {  # representation theory of R^n (x) R^n, written out independently
+    "orthogonal": {"triv": 1, "sym": N * (N + 1) / 2 - 1, "alt": N * (N - 1) / 2},
+    "signed_perm": {"triv": 1, "diag": N - 1, "sym": N * (N - 1) / 2, "alt": N * (N - 1) / 2},
+    "perm": {"triv": 1, "std": N - 1, "alt": (N - 1) * (N - 2) / 2, "sym": N * (N - 3) / 2},
+}
+
+
+@pytest.mark.parametrize("group", ["orthogonal", "signed_perm", "perm"])
+def test_symbolic_simple_blocks(group):
+    """check_pieces verifies in the diagram algebra (exactly, in Q(n)) that the copy projectors are
+    orthogonal idempotents summing to 1 and each irrep's sum is central; its dimensions are the
+    textbook ones, and the central idempotents evaluated at n = 4, 5 are the projectors that the
+    generated gather/scatter realise."""
+    dims = check_pieces(group)
+    copies = tier2.copy_projectors(group)
+    assert set(dims) == set(EXPECTED_DIMS[group])
+    for irrep, d in dims.items():
+        assert sympy.simplify(d - EXPECTED_DIMS[group][irrep]) == 0
+    assert sympy.simplify(sum(d * len(copies[k]) for k, d in dims.items()) - N ** 2) == 0
+    for n in (4, 5):
+        compiled = compile_text(f'[spaces]\nh = {{ group = "{group}" }}\n[params]\n"W" = ["h", "h"]\n', {"W": (n, n)})
+        eye = torch.eye(n * n, dtype=D).reshape(n * n, n, n)
+        for b in compiled.blocks:
+            irrep = "triv" if b.name == "trivial" else b.name.split("(")[0]
+
+            def project(x, block=b.id, comp=compiled):
+                ys = comp.gather({"W": x})
+                return comp.scatter({k: (y if k == block else torch.zeros_like(y)) for k, y in ys.items()})["W"]
+
+            dense = torch.func.vmap(project)(eye).reshape(n * n, n * n).T
+            central = tier2.piece_projectors(group)[irrep]
+            symbolic = sum(float(tier2.K.to_sympy(c).subs(N, n)) * _delta(pi, n).reshape(n * n, n * n)
+                           for pi, c in central.items())
+            assert_near(dense, symbolic, 1e-12)
     # the check can fail: sym * alt is not sym
     proj = tier2.piece_projectors(group)
     with pytest.raises(RuntimeError):
