@@ -46,7 +46,7 @@ from sympy.polys.matrices import DomainMatrix
 from .diagrams import N, Partition, diagrams, gram_matrix
 from .errors import SpecError
 from .structure import NAT, STD, TRIV, IsotypicBlock, Structure, symbol
-from .validate import Atom, BoundSpace, BoundSpec
+from .validate import BoundSpace, BoundSpec
 
 TIER2_VERSION = "1"
 
@@ -267,10 +267,6 @@ def gram_inverse(group: str, k: int = 4) -> sympy.Matrix:
     return exact.applyfunc(sympy.factor)
 
 
-def diagram_coefficients(group: str, k: int = 4) -> tuple[tuple[Partition, ...], sympy.Matrix]:
-    return diagrams(group, k), gram_inverse(group, k)
-
-
 # ---------------------------------------------------------------------------------- bind-time checks
 
 def check_repeated(source: str, key: str, param: str, space: BoundSpace, count: int,
@@ -411,11 +407,3 @@ def derive_tier2(bound: BoundSpec) -> Structure:
             id=f"L{i}", label=label, batch_spaces=batch_spaces, batch=sympy.Mul(*[nsym[b] for b in batch_spaces]),
             mult=offset, cols=tuple(s for s, _ in label), width=width, dim=dim, components=tuple(comps)))
     return Structure(bound=bound, blocks=tuple(blocks))
-
-
-def slot_atom_count(slot: Slot) -> int:
-    return len(slot.atoms)
-
-
-def atom_symbols(atoms: tuple[Atom, ...]) -> list[sympy.Symbol]:
-    return [symbol(a.symbol) for a in atoms]
