@@ -7,12 +7,17 @@
    memory. Targets: cold < 2 s, warm < 50 ms.
 2. orbit_average + power(-1/2) + matvec on one n x n Muon-style matrix (rows signed_perm, columns
    free), as a ratio to G (G^T G)^{-1/2} computed directly with torch in the same run (target <= 1.5x).
-Writes benchmarks/results/compile_and_apply.md with the command that made it.
+3. The tanh RNN spec (tier 2, specs/rnn_tanh.toml) at hidden width 512: cold compile in a fresh
+   interpreter, and orbit_average + power(-1/2) + matvec as a ratio to one forward-backward pass of
+   the RNN on 32 sequences of length 50 (target <= 0.5). `--rnn-only` runs just this part.
+Writes benchmarks/results/compile_and_apply.md with the command that made it, and the RNN numbers
+under "rnn" in benchmarks/results/compile_and_apply.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -65,11 +70,92 @@ def median_time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+_FRESH_RNN = """
+import time
+import torch
+import symo
+from symo.rnn import RNN
+with torch.device("meta"):
+    model = RNN(2, {hidden}, 1)
+t = time.perf_counter()
+symo.compile({spec!r}, model, cache_dir={cache!r})
+print(time.perf_counter() - t)
+"""
+
+
+def rnn_entry(reps: int, hidden: int = 512, batch: int = 32, length: int = 50) -> tuple[dict, list[str]]:
+    """Tier-2 RNN spec: cold compile (fresh interpreter) and the curvature path against fwd-bwd."""
+    from symo.rnn import RNN
+
+    spec = ROOT / "specs" / "rnn_tanh.toml"
+    with tempfile.TemporaryDirectory() as cache:
+        code = _FRESH_RNN.format(hidden=hidden, spec=str(spec), cache=cache)
+        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
+        cold = float(out.stdout.split()[-1])
+    torch.manual_seed(0)
+    model = RNN(2, hidden, 1)
+    x, y = torch.randn(batch, length, 2), torch.randn(batch, 1)
+    compiled = symo.compile(spec, model, disk_cache=False)
+
+    def fwd_bwd() -> None:
+        model.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+
+    fwd_bwd()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+    def curvature_path() -> dict:
+        return compiled.orbit_average(grads).power(-0.5).matvec(grads)
+
+    # interleaved rounds, so a change in the shared machine's load hits both sides alike
+    curvature_path()
+    fb_times, symo_times = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fwd_bwd()
+        fb_times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        curvature_path()
+        symo_times.append(time.perf_counter() - t)
+    t_fb, t_symo = statistics.median(fb_times), statistics.median(symo_times)
+    result = {"hidden": hidden, "batch": batch, "length": length, "params": compiled.memory()["params"],
+              "blocks": [b.name for b in compiled.blocks], "cold_compile_s": cold,
+              "fwd_bwd_s": t_fb, "orbit_power_matvec_s": t_symo, "ratio_to_fwd_bwd": t_symo / t_fb,
+              "target_ratio": 0.5, "torch_threads": torch.get_num_threads()}
+    lines = ["", f"Tanh RNN (tier 2, specs/rnn_tanh.toml), hidden {hidden}, {result['params']:,} parameters, "
+             f"blocks {', '.join(result['blocks'])}:", "",
+             "| measurement | seconds | target |", "|---|---|---|",
+             f"| cold compile, fresh interpreter (compile only) | {cold:.4f} | |",
+             f"| one forward-backward, batch {batch} x length {length} | {t_fb:.4f} | |",
+             f"| orbit_average + power(-1/2) + matvec | {t_symo:.4f} | |", "",
+             f"Ratio curvature path / forward-backward: **{t_symo / t_fb:.3f}** (target <= 0.5)"]
+    return result, lines
+
+
+def write_json(key: str, value: dict) -> None:
+    """Merge one entry into benchmarks/results/compile_and_apply.json."""
+    path = ROOT / "benchmarks" / "results" / "compile_and_apply.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--rnn-only", action="store_true", help="only the RNN entry (JSON and its own table)")
     args = ap.parse_args()
+    if args.rnn_only:  # replace the RNN section of the table, keep the other measurements
+        result, lines = rnn_entry(args.reps)
+        write_json("rnn", result)
+        lines[2:2] = ["", f"Command: `python benchmarks/compile_and_apply.py --rnn-only --reps {args.reps}`"]
+        path = ROOT / "benchmarks" / "results" / "compile_and_apply.md"
+        old = path.read_text().split("\nTanh RNN (tier 2")[0].rstrip("\n") if path.exists() else ""
+        path.write_text(old + "\n" + "\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
     rows = []
 
     with tempfile.TemporaryDirectory() as cache:
@@ -134,6 +220,9 @@ def main() -> None:
     lines += ["", f"Ratio Symo / direct on the {n}x{n} matrix: **{ratio:.2f}x** (target <= 1.5x); "
               f"relative error against the float64 polar factor: Symo {err_symo:.1e}, direct {err_direct:.1e} "
               "(a square Gaussian matrix has condition number ~1e3-1e4, so its float32 Gram is near singular)"]
+    rnn, rnn_lines = rnn_entry(args.reps)
+    write_json("rnn", rnn)
+    lines += rnn_lines
     text = "\n".join(lines)
     print(text)
     out = ROOT / "benchmarks" / "results" / "compile_and_apply.md"

@@ -21,9 +21,11 @@ from typing import Any
 
 from .cache import DiskCache, default_cache_dir
 from .codegen import CODEGEN_VERSION, GeneratedCode, generate
+from .codegen_tier2 import generate_tier2
 from .errors import SpecError
 from .parse import GROUPS, ParamRule, SpaceDecl, Spec, load_spec, parse_spec
 from .structure import IsotypicBlock, Structure, derive_structure
+from .tier2 import derive_tier2, is_tier2, key_material
 from .validate import BoundSpec, bind, shapes_of
 
 __all__ = [
@@ -60,7 +62,7 @@ _MEMORY: dict[str, _Entry] = {}
 
 def cache_key(spec: Spec, bound: BoundSpec) -> str:
     """Content address of the generated source: spec text (canonical) and layout, never sizes."""
-    text = f"v{CODEGEN_VERSION}|{bound.name}|{spec.canonical()}|{bound.layout_material()}"
+    text = f"v{CODEGEN_VERSION}|{bound.name}|{spec.canonical()}|{bound.layout_material()}{key_material(bound)}"
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -96,7 +98,7 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
             except Exception:  # an entry that does not load (whatever the reason): rebuild it
                 source = None
         if source is None:
-            source = generate(derive_structure(bound), key).source
+            source = generate_source(bound, key)
             target = disk.path(key) if disk is not None and disk.usable else Path(f"<symo-generated-{key[:12]}>")
             try:  # load first: a module that fails to load is never written to the cache
                 namespace = _execute(source, target, values)
@@ -113,6 +115,13 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
         namespace = entry.namespaces[binding] = _execute(entry.source, path or Path(f"<symo-generated-{key[:12]}>"),
                                                          values)
     return GeneratedModule(key, entry.source, path, namespace, bound, origin)
+
+
+def generate_source(bound: BoundSpec, key: str) -> str:
+    """Tier 1 for specs whose spaces occur at most once per block, tier 2 (MATH.md §5) otherwise."""
+    if is_tier2(bound):
+        return generate_tier2(derive_tier2(bound), key).source
+    return generate(derive_structure(bound), key).source
 
 
 _DISKS: dict[Path, DiskCache] = {}

@@ -4,7 +4,7 @@ Matches parameter patterns against the model's names, instantiates space familie
 of spaces and free segments from the shapes, and cuts every parameter into *blocks*: one block per
 choice of segment on each fused axis, each block a sub-tensor whose axes are atoms (one space or one
 free axis each). A networkx multigraph holds the incidence of spaces and blocks; it decides what
-couples with what and catches repeated spaces (tier 2, not compiled yet).
+couples with what and finds repeated spaces (tier 2, `compiler.tier2`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from .diagrams import commutant_dimension
 from .errors import SpecError, few, short
 from .parse import FREE, SpaceDecl, Spec
 from .sizes import AxisEquation, solve_sizes
@@ -272,19 +271,14 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
             node = ("block", name, b.index)
             graph.add_node(node)
             graph.add_edges_from((node, ("space", a.space)) for a in b.atoms if a.space is not None)
-            # the incidence multigraph decides: two edges between a block and a space = a repeated space
-            for _, (_, space) in graph.edges(node):
-                if graph.number_of_edges(node, ("space", space)) > 1:
-                    group = spaces[space].group
-                    dim = commutant_dimension(group, 4) if group != "identity" else None
-                    extra = (f"; its curvature lives in a {dim}-dimensional diagram commutant "
-                             f"({group}, MATH.md §5)") if dim else ""
-                    raise SpecError(f"space {space!r} occurs more than once in one block of the "
-                                    "parameter (a repeated space, e.g. an RNN's W_hh acted on as P W P^T)"
-                                    + extra,
-                                    file=spec.source, key=f"params.{rule.pattern!r}", param=name,
-                                    hint="repeated spaces (tier 2) are not compiled yet; use a different "
-                                    "space for the second occurrence (a relaxed group) meanwhile")
+            # the incidence multigraph decides: two edges between a block and a space = a repeated
+            # space, compiled by tier 2 (MATH.md §5), which rejects what it cannot compile
+            for space in sorted({space for _, (_, space) in graph.edges(node)}):
+                count = graph.number_of_edges(node, ("space", space))
+                if count > 1:
+                    from .tier2 import check_repeated  # tier 2 imports this module
+                    check_repeated(spec.source, f"params.{rule.pattern!r}", name, spaces[space], count, spaces,
+                                   [a.space for a in b.atoms if a.space is not None])
             seen = {space for _, (_, space) in graph.edges(node)}
             for atom in b.atoms:
                 owner = spaces[atom.space].per if atom.space else None
