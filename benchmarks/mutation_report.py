@@ -1,0 +1,92 @@
+"""Summarise a mutmut run (scripts/mutation.sh) into benchmarks/results/mutation.{md,json}.
+
+Per mutated file: how many mutants the tests killed (a timeout counts as killed: the tests noticed), the
+total, and every survivor with its diff and the reason it is harmless, read from
+benchmarks/mutation_survivors.json ({mutant name: reason}); a survivor without a reason is marked
+"UNEXPLAINED".
+
+    python benchmarks/mutation_report.py --workdir /tmp/symo-mutation --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FILES = ["symo/optim.py", "symo/linalg.py"]
+KILLED = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout"}
+COMMAND = "bash scripts/mutation.sh   # then: bash scripts/mutation.sh --rerun-survivors"
+
+
+def status(code) -> str:
+    if code in KILLED:
+        return KILLED[code]
+    return {0: "survived", None: "not checked", 5: "no tests", 33: "no tests", 34: "skipped"}.get(code, "suspicious")
+
+
+def diff_of(workdir: Path, name: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=workdir, capture_output=True,
+                         text=True, timeout=120).stdout
+    lines = [ln for ln in out.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    return " / ".join(ln.strip() for ln in lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/symo-mutation"))
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = ap.parse_args()
+    reasons = json.loads((Path(__file__).parent / "mutation_survivors.json").read_text())
+    summary, md = {}, []
+    rows = []
+    for f in FILES:
+        meta = json.loads((args.workdir / "mutants" / f"{f}.meta").read_text())
+        codes = meta["exit_code_by_key"]
+        counts: dict[str, int] = {}
+        for code in codes.values():
+            counts[status(code)] = counts.get(status(code), 0) + 1
+        survivors = []
+        for name, code in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
+            st = status(code)
+            if st in ("killed", "timeout"):
+                continue
+            survivors.append({"mutant": name, "status": st, "diff": diff_of(args.workdir, name),
+                              "reason": reasons.get(name, "UNEXPLAINED")})
+        killed = counts.get("killed", 0) + counts.get("timeout", 0)
+        summary[f] = {"killed": killed, "total": len(codes), "kill_rate": round(killed / max(len(codes), 1), 4),
+                      "timeouts": counts.get("timeout", 0), "survivors": survivors}
+        rows.append(f"| `{f}` | {len(codes)} | {killed} | {counts.get('timeout', 0)} | {len(survivors)} | "
+                    f"{killed / max(len(codes), 1):.1%} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "mutation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    md += ["# Mutation testing: symo/optim.py and symo/linalg.py", "",
+           f"Command: `{COMMAND}` (mutmut 3, configuration in pyproject.toml `[tool.mutmut]`: the tests of",
+           "tests/test_optim.py, tests/test_optim_options.py and tests/test_linalg_reference.py, torch.compile",
+           "tests left out). A timeout counts as killed. Survivors are listed with the reason each is harmless",
+           "(benchmarks/mutation_survivors.json).", "",
+           "| file | mutants | killed | of which timeouts | survived / not killed | kill rate |",
+           "|---|---|---|---|---|---|", *rows, ""]
+    for f, s in summary.items():
+        md += [f"## Survivors in `{f}`", ""]
+        if not s["survivors"]:
+            md += ["(none)", ""]
+            continue
+        md += ["| mutant | status | change | why it is harmless |", "|---|---|---|---|"]
+        for sv in s["survivors"]:
+            change = sv["diff"].replace("|", "\\|")
+            md.append(f"| `{sv['mutant'].split('.', 2)[-1]}` | {sv['status']} | `{change}` | {sv['reason']} |")
+        md.append("")
+    (args.out / "mutation.md").write_text("\n".join(md))
+    print("\n".join(rows))
+
+
+def _natural(name: str):
+    head, _, num = name.rpartition("_")
+    return (head, int(num) if num.isdigit() else 0)
+
+
+if __name__ == "__main__":
+    main()

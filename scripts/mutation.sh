@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Mutation testing of symo/optim.py and symo/linalg.py with mutmut 3 (configured in pyproject.toml,
+# [tool.mutmut]). Not part of CI: about an hour on 2 cores.
+#
+#   bash scripts/mutation.sh                     # test every mutant not yet judged (resumable)
+#   bash scripts/mutation.sh --rerun-survivors   # re-test only the survivors (after adding tests)
+#   bash scripts/mutation.sh --report            # only rewrite benchmarks/results/mutation.{md,json}
+#
+# It works in a scratch copy ($SYMO_MUTATION_DIR, default /tmp/symo-mutation), so the worktree stays
+# clean and can be edited while a run goes on; each run first refreshes the copy from the worktree
+# (mutmut re-mutates changed source files and collects coverage for new tests). Workers:
+# $SYMO_MUTATION_JOBS (default 2), one thread each. Needs `pip install -e '.[mutation]'`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+WORK=${SYMO_MUTATION_DIR:-/tmp/symo-mutation}
+JOBS=${SYMO_MUTATION_JOBS:-2}
+PY=${PYTHON:-$REPO/.venv/bin/python}
+MODE=${1:-run}
+
+mkdir -p "$WORK"
+tar --exclude=./.venv --exclude=./mutants --exclude=./.git --exclude='*.egg-info' --exclude='__pycache__' \
+    -cf - . | tar -xf - -C "$WORK"
+cd "$WORK"
+export SYMO_CACHE_DIR="$WORK/kernel-cache" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+mkdir -p "$SYMO_CACHE_DIR" && chmod 700 "$SYMO_CACHE_DIR"
+
+case "$MODE" in
+  run)
+    "$PY" -m mutmut run --max-children "$JOBS" ;;
+  --rerun-survivors)
+    mapfile -t survivors < <("$PY" -m mutmut results | awk -F': ' '$2 == "survived" {gsub(/ /, "", $1); print $1}')
+    echo "re-testing ${#survivors[@]} survivors"
+    if (( ${#survivors[@]} )); then "$PY" -m mutmut run --max-children "$JOBS" "${survivors[@]}"; fi ;;
+  --report) ;;
+  *) echo "usage: $0 [--rerun-survivors | --report]" >&2; exit 2 ;;
+esac
+"$PY" "$REPO/benchmarks/mutation_report.py" --workdir "$WORK" --out "$REPO/benchmarks/results"
