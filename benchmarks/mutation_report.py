@@ -42,9 +42,12 @@ def main() -> None:
     reasons = json.loads((Path(__file__).parent / "mutation_survivors.json").read_text())
     summary, md = {}, []
     rows = []
+    sample_file = args.workdir / "sample.txt"
+    sample = set(sample_file.read_text().split()) if sample_file.exists() else None
     for f in FILES:
         meta = json.loads((args.workdir / "mutants" / f"{f}.meta").read_text())
-        codes = meta["exit_code_by_key"]
+        in_file = len(meta["exit_code_by_key"])
+        codes = {k: v for k, v in meta["exit_code_by_key"].items() if sample is None or k in sample}
         counts: dict[str, int] = {}
         for code in codes.values():
             counts[status(code)] = counts.get(status(code), 0) + 1
@@ -57,8 +60,9 @@ def main() -> None:
                               "reason": reasons.get(name, "UNEXPLAINED")})
         killed = counts.get("killed", 0) + counts.get("timeout", 0)
         summary[f] = {"killed": killed, "total": len(codes), "kill_rate": round(killed / max(len(codes), 1), 4),
-                      "timeouts": counts.get("timeout", 0), "survivors": survivors}
-        rows.append(f"| `{f}` | {len(codes)} | {killed} | {counts.get('timeout', 0)} | {len(survivors)} | "
+                      "timeouts": counts.get("timeout", 0), "mutants_in_file": in_file,
+                      "sampled": sample is not None, "survivors": survivors}
+        rows.append(f"| `{f}` | {in_file} | {len(codes)} | {killed} | {counts.get('timeout', 0)} | {len(survivors)} | "
                     f"{killed / max(len(codes), 1):.1%} |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mutation.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -67,8 +71,10 @@ def main() -> None:
            "tests/test_optim.py, tests/test_optim_options.py and tests/test_linalg_reference.py, torch.compile",
            "tests left out). A timeout counts as killed. Survivors are listed with the reason each is harmless",
            "(benchmarks/mutation_survivors.json).", "",
-           "| file | mutants | killed | of which timeouts | survived / not killed | kill rate |",
-           "|---|---|---|---|---|---|", *rows, ""]
+           "" if sample is None else f"Tested: a seeded random sample of {len(sample)} mutants (`--sample`), "
+           "the rates are over the sample.", "",
+           "| file | mutants in file | tested | killed | of which timeouts | not killed | kill rate |",
+           "|---|---|---|---|---|---|---|", *rows, ""]
     for f, s in summary.items():
         md += [f"## Survivors in `{f}`", ""]
         if not s["survivors"]:

@@ -4,6 +4,8 @@
 #
 #   bash scripts/mutation.sh                     # test every mutant not yet judged (resumable)
 #   bash scripts/mutation.sh --rerun-survivors   # re-test only the survivors (after adding tests)
+#   bash scripts/mutation.sh --sample N          # a seeded random sample of N mutants per file (fits a
+#                                                # loaded machine; the report then covers the sample only)
 #   bash scripts/mutation.sh --report            # only rewrite benchmarks/results/mutation.{md,json}
 #
 # It works in a scratch copy ($SYMO_MUTATION_DIR, default /tmp/symo-mutation), so the worktree stays
@@ -27,12 +29,26 @@ mkdir -p "$SYMO_CACHE_DIR" && chmod 700 "$SYMO_CACHE_DIR"
 
 case "$MODE" in
   run)
+    rm -f sample.txt
     "$PY" -m mutmut run --max-children "$JOBS" ;;
+  --sample)
+    # mutmut lists the mutants in mutants/<file>.meta once it has generated them
+    if [[ ! -f mutants/symo/optim.py.meta ]]; then timeout 120 "$PY" -m mutmut print-time-estimates >/dev/null || true; fi
+    "$PY" - "${2:?--sample needs a count}" > sample.txt <<'PYEOF'
+import json, random, sys
+n = int(sys.argv[1])
+for f in ("symo/optim.py", "symo/linalg.py"):
+    names = sorted(json.load(open(f"mutants/{f}.meta"))["exit_code_by_key"])
+    print("\n".join(sorted(random.Random(13).sample(names, min(n, len(names))))))
+PYEOF
+    echo "testing a sample of $(wc -l < sample.txt) mutants"
+    xargs -a sample.txt "$PY" -m mutmut run --max-children "$JOBS" ;;
   --rerun-survivors)
-    mapfile -t survivors < <("$PY" -m mutmut results | awk -F': ' '$2 == "survived" {gsub(/ /, "", $1); print $1}')
+    mapfile -t survivors < <("$PY" -m mutmut results | awk -F': ' '$2 == "survived" {gsub(/ /, "", $1); print $1}' |
+                             { if [[ -f sample.txt ]]; then grep -Fxf sample.txt; else cat; fi })
     echo "re-testing ${#survivors[@]} survivors"
     if (( ${#survivors[@]} )); then "$PY" -m mutmut run --max-children "$JOBS" "${survivors[@]}"; fi ;;
   --report) ;;
-  *) echo "usage: $0 [--rerun-survivors | --report]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--sample N | --rerun-survivors | --report]" >&2; exit 2 ;;
 esac
 "$PY" "$REPO/benchmarks/mutation_report.py" --workdir "$WORK" --out "$REPO/benchmarks/results"

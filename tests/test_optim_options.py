@@ -249,20 +249,28 @@ def test_update_scale_muon_on_the_exact_backend_is_muons_scale():
 
 def test_muon_reduction_is_bit_for_bit():
     """The README's claim: muon.toml, newton_schulz backend, muon scale, float32 = the reference Muon
-    (tests/references.py) over 10 steps, every parameter equal bit for bit."""
+    (tests/references.py) on the weights and torch's single-tensor AdamW on the biases, over 10 steps,
+    every parameter equal bit for bit."""
     torch.manual_seed(0)
-    m1 = MLP((8, 16, 12, 4), bias=False)
+    m1 = MLP((8, 16, 12, 4))
     m2 = copy.deepcopy(m1)
+    start, start_bias = m1.fc1.weight.detach().clone(), m1.fc1.bias.detach().clone()
     opt = Symo(m1.named_parameters(), MUON, lr=0.02, backend="newton_schulz", update_scale="muon",
-               weight_decay=0.01)
-    ref = ReferenceMuon(m2.parameters(), lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.01)
+               weight_decay=0.01, adamw_lr=0.01, adamw_wd=0.01)
+    refs = [ReferenceMuon([p for n, p in m2.named_parameters() if n.endswith("weight")], lr=0.02, momentum=0.95,
+                          nesterov=True, weight_decay=0.01),
+            torch.optim.AdamW([p for n, p in m2.named_parameters() if n.endswith("bias")], lr=0.01,
+                              betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, foreach=False)]
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)
     for _ in range(10):
-        for model, o in ((m1, opt), (m2, ref)):
-            o.zero_grad()
+        for model, opts in ((m1, [opt]), (m2, refs)):
+            for o in opts:
+                o.zero_grad()
             _loss(model, x, y).backward()
-            o.step()
+            for o in opts:
+                o.step()
+    assert not torch.equal(m1.fc1.weight, start) and not torch.equal(m1.fc1.bias, start_bias)   # both kinds moved
     for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
         assert torch.equal(a, b), n
 
