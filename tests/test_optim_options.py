@@ -431,17 +431,19 @@ def test_describe_reports_every_option_and_block():
     assert Symo(bias_free.named_parameters(), MUON).describe().splitlines()[-1] == "  AdamW: (none)"
 
 
-@pytest.mark.parametrize("bad,word", [
+@pytest.mark.parametrize("bad,start", [
     ({"beta1": 1.0}, "beta1"), ({"beta1": -0.1}, "beta1"), ({"beta2": 1.01}, "beta2"), ({"beta2": -0.1}, "beta2"),
     ({"source": "grad"}, "source"), ({"damping": -1e-9}, "damping"), ({"damping_mode": "rel"}, "damping_mode"),
-    ({"estimator": "fisher"}, "estimator"), ({"power": 0.0}, "power"), ({"precondition_frequency": 0}, "frequency"),
+    ({"estimator": "fisher"}, "estimator"), ({"power": 0.0}, "power"), ({"precondition_frequency": 0},
+                                                                          "precondition_frequency"),
     ({"update_scale": "sgd"}, "update_scale"), ({"backend": "svd"}, "backend"),
-    ({"backend": "newton_schulz", "power": -0.25}, "newton_schulz"),
-    ({"backend": "newton_schulz", "geometric_mean_with": "shampoo_cols"}, "newton_schulz"),
+    ({"backend": "newton_schulz", "power": -0.25}, "the newton_schulz backend"),
+    ({"backend": "newton_schulz", "geometric_mean_with": "shampoo_cols"}, "the newton_schulz backend"),
 ])
-def test_invalid_options_are_rejected_by_name(bad, word):
+def test_invalid_options_are_rejected_by_name(bad, start):
+    """The message starts with the option's name (so a garbled or re-cased message fails too)."""
     model = MLP(SIZES)
-    with pytest.raises(ValueError, match=word):
+    with pytest.raises(ValueError, match="^" + start):
         Symo(model.named_parameters(), MUON, **bad)
 
 
@@ -455,8 +457,10 @@ def test_boundary_options_are_accepted():
 def test_parameter_list_errors():
     model = MLP(SIZES)
     named = list(model.named_parameters())
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="^Symo got an empty parameter list$"):
         Symo([], MUON)
+    with pytest.raises(TypeError, match="^Symo needs named parameters: pass model.named_parameters()"):
+        Symo(model.parameters(), MUON)
     with pytest.raises(TypeError, match="mix"):
         Symo([{"params": named[:2]}, named[2]], MUON)
     with pytest.raises(ValueError, match="'fc1.weight' given twice"):
@@ -577,3 +581,30 @@ def test_adamw_on_bfloat16_parameters_by_hand():
     want = (b0 * (1 - 0.1 * 0.5)) - (0.1 * m_hat / (v_hat.sqrt() + 1e-3)).to(torch.bfloat16)
     assert opt.state[model.fc1.bias]["exp_avg"].dtype == torch.float32
     assert torch.equal(model.fc1.bias.detach(), want)
+
+
+def test_adamw_scale_is_per_head_for_batched_blocks():
+    """update_scale="adamw" rescales each batch element of a block (one head of a per-head gauge) to RMS
+    adamw_rms, not the batch as a whole: every head's rows of q/k and of v move at RMS 0.2."""
+    import symo
+
+    spec = symo.parse_spec("""
+[spaces]
+head = { group = "identity", size = 3 }
+d = { group = "orthogonal", per = "head" }
+[params]
+"qk.weight" = ["(head d)", "_"]
+""")
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(12, 5, dtype=torch.float64))
+    opt = Symo({"qk.weight": w}, spec, lr=1.0, beta1=0.0, update_scale="adamw", adamw_rms=0.2)
+    assert [(b.batch, b.mult, b.width) for b in opt.compiled.blocks] == [(3, 5, 4)]
+    g = torch.randn(12, 5, dtype=torch.float64)
+    g[:4] = torch.outer(torch.randn(4, dtype=torch.float64), torch.randn(5, dtype=torch.float64))  # rank 1
+    g[4:8, 2:] = 0.0                                                                                # rank 2
+    w.grad = g    # natural updates sqrt(d) U V^T: Frobenius norms sqrt(d rank) differ from head to head
+    before = w.detach().clone()
+    opt.step()
+    upd = (before - w.detach()).reshape(3, 4, 5)
+    rms = upd.square().mean(dim=(1, 2)).sqrt()
+    assert torch.allclose(rms, torch.full((3,), 0.2, dtype=torch.float64), rtol=1e-12, atol=0)
