@@ -305,3 +305,24 @@ def test_float64_max_is_honoured_by_every_eigh_user():
         assert exact.dtype == low.dtype == torch.float32, name
         assert not torch.equal(exact, low), name
         assert rel(low.double(), exact.double()) < 1e-4, name
+
+
+def test_inverse_root_newton_schulz_defaults_to_no_damping():
+    """A well-conditioned block (eigenvalues in [1, 2]): the default call gives A^{-1/2} itself."""
+    q, _ = torch.linalg.qr(torch.randn(5, 5, generator=torch.Generator().manual_seed(9), dtype=F64))
+    a = (q * torch.linspace(1.0, 2.0, 5, dtype=F64)) @ q.T
+    assert rel(inv_sqrt_newton_schulz(a.unsqueeze(0))[0], ref_power(a, -0.5)) < 1e-12
+
+
+def test_lowrank_zero_tolerance_uses_the_long_side():
+    """Batched float32 root F (1, 100, 2): an eigenvalue of F^T F at 5e-6 lambda_max lies below
+    8 sqrt(100) eps32 = 9.5e-6 (a zero: no amplification) though above 8 sqrt(2) eps32; the size is the
+    long side m = 100, not the batch or the rank."""
+    u, _ = torch.linalg.qr(torch.randn(100, 2, generator=torch.Generator().manual_seed(10), dtype=F64))
+    f = (u * torch.tensor([1.0, 5e-6 ** 0.5], dtype=F64)).float().unsqueeze(0)
+    y = torch.randn(1, 100, 3, generator=torch.Generator().manual_seed(11)).float()
+    got = lowrank_power_apply(f, y, -0.5).double()
+    want = ref_power(f.double() @ f.double().transpose(-1, -2), -0.5,
+                     zero_rel=8 * math.sqrt(100) * torch.finfo(torch.float32).eps) @ y.double()
+    assert rel(got, want) < 1e-4
+    assert float(got.norm()) < 2 * float(y.norm())      # the small direction was not amplified by 450
