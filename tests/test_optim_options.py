@@ -608,3 +608,45 @@ d = { group = "orthogonal", per = "head" }
     upd = (before - w.detach()).reshape(3, 4, 5)
     rms = upd.square().mean(dim=(1, 2)).sqrt()
     assert torch.allclose(rms, torch.full((3,), 0.2, dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+PER_HEAD = """
+[spaces]
+head = { group = "identity", size = 3 }
+d = { group = "orthogonal", per = "head" }
+[params]
+"w" = ["(head d)", "_"]
+"""
+SPLIT_HEADS = """
+[spaces]
+"d{i}" = "orthogonal"
+[params]
+"w{i}" = ["d{i}", "_"]
+"""
+
+
+@pytest.mark.parametrize("options", [{}, {"beta2": 0.9, "estimator": "taylor", "damping": 1e-3},
+                                     {"beta2": 0.9, "update_scale": "adamw"}, {"beta1": 0.9, "source": "gradient"},
+                                     {"beta2": 0.5, "precondition_frequency": 2, "power": -0.25, "damping": 1e-2}])
+def test_a_batched_block_equals_its_heads_as_separate_blocks(options):
+    """One weight with a per-head O(4) gauge (a block of batch 3) trains exactly like three weights with a
+    gauge each (three blocks of batch 1): every path treats each batch element as its own block."""
+    import symo
+
+    gen = torch.Generator().manual_seed(12)
+    x, y = torch.randn(16, 5, generator=gen, dtype=torch.float64), torch.randn(16, 12, generator=gen,
+                                                                             dtype=torch.float64)
+    w0 = torch.randn(12, 5, generator=gen, dtype=torch.float64)
+    w0[:4] *= 10.0                                   # heads of different scales
+    joint = torch.nn.Parameter(w0.clone())
+    parts = [torch.nn.Parameter(w0[4 * i:4 * i + 4].clone()) for i in range(3)]
+    opts = [Symo({"w": joint}, symo.parse_spec(PER_HEAD), lr=0.05, **options),
+            Symo({f"w{i}": p for i, p in enumerate(parts)}, symo.parse_spec(SPLIT_HEADS), lr=0.05, **options)]
+    assert [b.batch for b in opts[0].compiled.blocks] == [3] and len(opts[1].compiled.blocks) == 3
+    for _ in range(4):
+        for o, w in zip(opts, (joint, torch.cat(parts))):
+            o.zero_grad()
+            ((x @ w.T - y) ** 2).mean().backward()
+            o.step()
+    assert rel(torch.cat([p.detach() for p in parts]), joint.detach()) < 1e-10
+    assert rel(joint.detach(), w0) > 1e-3
