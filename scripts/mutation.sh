@@ -41,8 +41,17 @@ for f in ("symo/optim.py", "symo/linalg.py"):
     names = sorted(json.load(open(f"mutants/{f}.meta"))["exit_code_by_key"])
     print("\n".join(sorted(random.Random(13).sample(names, min(n, len(names))))))
 PYEOF
-    echo "testing a sample of $(wc -l < sample.txt) mutants"
-    xargs -a sample.txt "$PY" -m mutmut run --max-children "$JOBS" ;;
+    # judged mutants keep their verdict (mutmut re-tests every mutant named on its command line)
+    "$PY" - > sample_todo.txt <<'PYEOF'
+import json
+sample = set(open("sample.txt").read().split())
+for f in ("symo/optim.py", "symo/linalg.py"):
+    for name, code in json.load(open(f"mutants/{f}.meta"))["exit_code_by_key"].items():
+        if name in sample and code not in (0, 1, 3):
+            print(name)
+PYEOF
+    echo "a sample of $(wc -l < sample.txt) mutants, $(wc -l < sample_todo.txt) not yet judged"
+    if [[ -s sample_todo.txt ]]; then xargs -a sample_todo.txt "$PY" -m mutmut run --max-children "$JOBS"; fi ;;
   --rerun-survivors)
     mapfile -t survivors < <("$PY" -m mutmut results | awk -F': ' '$2 == "survived" {gsub(/ /, "", $1); print $1}' |
                              { if [[ -f sample.txt ]]; then grep -Fxf sample.txt; else cat; fi })
