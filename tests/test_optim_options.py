@@ -650,3 +650,20 @@ def test_a_batched_block_equals_its_heads_as_separate_blocks(options):
             o.step()
     assert rel(torch.cat([p.detach() for p in parts]), joint.detach()) < 1e-10
     assert rel(joint.detach(), w0) > 1e-3
+
+
+def test_muon_scale_of_exactly_two():
+    """hidden_hidden.toml on 4 x 4 layers: each weight is one block with mult 1 and d = width = 16, so the muon
+    scale at power -1/4 is 16^{-1/4} sqrt(16) = 2 exactly, and the first update is
+    2 (||G||^2 / 16)^{-1/4} G = 4 G / ||G||^{1/2}."""
+    torch.manual_seed(0)
+    model = MLP((4, 4, 4, 4), bias=False).double()
+    x = torch.randn(8, 4, dtype=torch.float64)
+    model(x).square().sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = Symo(model.named_parameters(), SPECS / "hidden_hidden.toml", lr=1.0, beta1=0.0, beta2=0.5, damping=0.0,
+               power=-0.25, update_scale="muon")
+    opt.step()
+    for n, g in grads.items():
+        assert rel(before[n] - model.get_parameter(n).detach(), 4 * g / g.norm().sqrt()) < 1e-12, n
