@@ -667,3 +667,18 @@ def test_muon_scale_of_exactly_two():
     opt.step()
     for n, g in grads.items():
         assert rel(before[n] - model.get_parameter(n).detach(), 4 * g / g.norm().sqrt()) < 1e-12, n
+
+
+def test_checkpoint_format_names_each_stage():
+    """The block statistics sit in the state dict under "symo_blocks" and, with a geometric mean, the second
+    spec's under "symo_gm_blocks": the checkpoint format other versions must read."""
+    torch.manual_seed(0)
+    model = MLP(SIZES, bias=False).double()
+    opt = Symo(model.named_parameters(), SPECS / "shampoo_rows.toml", beta2=0.9,
+               geometric_mean_with=SPECS / "shampoo_cols.toml")
+    model(torch.randn(4, SIZES[0], dtype=torch.float64)).square().sum().backward()
+    opt.step()
+    state = opt.state_dict()["state"]
+    assert {"symo_blocks", "symo_gm_blocks"} <= set(state)
+    assert len(state["symo_blocks"]) == len(state["symo_gm_blocks"]) == 3
+    assert all(set(st) == {"step", "ema", "precond"} for st in state["symo_gm_blocks"].values())
