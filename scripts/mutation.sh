@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Mutation testing of symo/optim.py and symo/linalg.py with mutmut 3 (configured in pyproject.toml,
+# [tool.mutmut]). Not part of CI: about an hour on 2 cores.
+#
+#   bash scripts/mutation.sh                     # test every mutant not yet judged (resumable)
+#   bash scripts/mutation.sh --rerun-survivors   # re-test only the survivors (after adding tests)
+#   bash scripts/mutation.sh --sample N          # a seeded random sample of N mutants per file (fits a
+#                                                # loaded machine; the report then covers the sample only)
+#   bash scripts/mutation.sh --report            # only rewrite benchmarks/results/mutation.{md,json}
+#
+# It works in a scratch copy ($SYMO_MUTATION_DIR, default /tmp/symo-mutation), so the worktree stays
+# clean and can be edited while a run goes on; each run first refreshes the copy from the worktree
+# (mutmut re-mutates changed source files and collects coverage for new tests). Workers:
+# $SYMO_MUTATION_JOBS (default 2), one thread each. Needs `pip install -e '.[mutation]'`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+WORK=${SYMO_MUTATION_DIR:-/tmp/symo-mutation}
+JOBS=${SYMO_MUTATION_JOBS:-2}
+PY=${PYTHON:-$REPO/.venv/bin/python}
+MODE=${1:-run}
+
+mkdir -p "$WORK"
+tar --exclude=./.venv --exclude=./mutants --exclude=./.git --exclude='*.egg-info' --exclude='__pycache__' \
+    -cf - . | tar -xf - -C "$WORK"
+cd "$WORK"
+export SYMO_CACHE_DIR="$WORK/kernel-cache" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+mkdir -p "$SYMO_CACHE_DIR" && chmod 700 "$SYMO_CACHE_DIR"
+
+case "$MODE" in
+  run)
+    rm -f sample.txt
+    "$PY" -m mutmut run --max-children "$JOBS" ;;
+  --sample)
+    # mutmut lists the mutants in mutants/<file>.meta once it has generated them
+    if [[ ! -f mutants/symo/optim.py.meta ]]; then timeout 120 "$PY" -m mutmut print-time-estimates >/dev/null || true; fi
+    "$PY" - "${2:?--sample needs a count}" > sample.txt <<'PYEOF'
+import json, random, sys
+n = int(sys.argv[1])
+for f in ("symo/optim.py", "symo/linalg.py"):
+    names = sorted(json.load(open(f"mutants/{f}.meta"))["exit_code_by_key"])
+    print("\n".join(sorted(random.Random(13).sample(names, min(n, len(names))))))
+PYEOF
+    # judged mutants keep their verdict (mutmut re-tests every mutant named on its command line)
+    "$PY" - > sample_todo.txt <<'PYEOF'
+import json
+sample = set(open("sample.txt").read().split())
+for f in ("symo/optim.py", "symo/linalg.py"):
+    for name, code in json.load(open(f"mutants/{f}.meta"))["exit_code_by_key"].items():
+        if name in sample and code not in (0, 1, 3):
+            print(name)
+PYEOF
+    echo "a sample of $(wc -l < sample.txt) mutants, $(wc -l < sample_todo.txt) not yet judged"
+    if [[ -s sample_todo.txt ]]; then xargs -a sample_todo.txt "$PY" -m mutmut run --max-children "$JOBS"; fi ;;
+  --rerun-survivors)
+    mapfile -t survivors < <("$PY" -m mutmut results | awk -F': ' '$2 == "survived" {gsub(/ /, "", $1); print $1}' |
+                             { if [[ -f sample.txt ]]; then grep -Fxf sample.txt; else cat; fi })
+    echo "re-testing ${#survivors[@]} survivors"
+    if (( ${#survivors[@]} )); then "$PY" -m mutmut run --max-children "$JOBS" "${survivors[@]}"; fi ;;
+  --report) ;;
+  *) echo "usage: $0 [--sample N | --rerun-survivors | --report]" >&2; exit 2 ;;
+esac
+"$PY" "$REPO/benchmarks/mutation_report.py" --workdir "$WORK" --out "$REPO/benchmarks/results"
