@@ -262,7 +262,7 @@ def train_batched(rule: str, lrs: list[float], seeds: list[int], *, tau: float |
         if bad.any():
             active &= ~bad
             u[bad], v[bad], r[bad] = 0.0, 0.0, 0.0
-            for key, val in st.items():  # keep optimizer state of frozen members finite too
+            for val in st.values():  # keep optimizer state of frozen members finite too
                 for tensor in val if isinstance(val, list) else []:
                     if tensor is not None:
                         tensor[bad] = 0.0
