@@ -127,10 +127,10 @@ def part_nuclear(quick: bool, workers: int) -> dict:
                              "per_seed": recs}}
 
 
-def part_dial(quick: bool, workers: int) -> dict:
+def part_dial(quick: bool, workers: int, grid=DIAL_GRID) -> dict:
     seeds = list(SEEDS[:1] if quick else SEEDS)
     steps = 400 if quick else DIAL_STEPS
-    grid = list(DIAL_GRID[2:3] if quick else DIAL_GRID)
+    grid = list(grid[2:3] if quick else grid)
     tasks = [{"kind": "batched", "rule": "adam_p", "lrs": [lr], "seeds": seeds, "p": p, "max_steps": steps}
              for p in DIAL_PS for lr in grid]
     runs = [r for rs in run_pool(tasks, "dial", workers) for r in rs]
@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="toy lengths, one seed, to a temp dir unless --out")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--dial-grid", default=None, help="dial: comma-separated subset of learning rates")
     ap.add_argument("--taus", default=None, help="tail: comma-separated subset of tau (default: the protocol's 8)")
     ap.add_argument("--tail-arms", default=None,
                     help="tail: comma-separated subset of rules/Symo arms (default: all)")
@@ -311,6 +312,8 @@ def main(argv: list[str] | None = None) -> dict:
         kwargs = {}
         if part == "tail" and args.taus:
             kwargs["taus"] = tuple(float(t) for t in args.taus.split(","))
+        if part == "dial" and args.dial_grid:
+            kwargs["grid"] = tuple(float(x) for x in args.dial_grid.split(","))
         if part == "tail" and args.tail_arms:
             kwargs["arms"] = tuple(args.tail_arms.split(","))
         data.update(PARTS[part](args.quick, args.workers, **kwargs))
