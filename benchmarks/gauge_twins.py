@@ -104,7 +104,8 @@ def rotate_twin(model: ModAdd, seed: int) -> ModAdd:
     with torch.no_grad():
         for blk in twin.blocks:
             for h in range(HEADS):
-                a_h = torch.linalg.qr(torch.randn(DH, DH, generator=gen)).Q
+                # QR in float64 so the twin is an exact symmetry at any working precision
+                a_h = torch.linalg.qr(torch.randn(DH, DH, generator=gen).double()).Q.to(blk.attn.q.weight.dtype)
                 rows = slice(h * DH, (h + 1) * DH)
                 blk.attn.q.weight[rows] = a_h @ blk.attn.q.weight[rows]
                 blk.attn.k.weight[rows] = a_h @ blk.attn.k.weight[rows]
@@ -147,6 +148,7 @@ def qk_products(model: ModAdd) -> list[torch.Tensor]:
     return out
 
 
+@torch.no_grad()
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / ((a.norm() + b.norm()) / 2).clamp_min(1e-30))
 

@@ -19,6 +19,7 @@ only (seeds 42, 123), then seeds 42, 123, 456, 789 at the chosen LR.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -46,12 +47,17 @@ SMALL_GRIDS = {"gd": (1, 3, 10), "adam": (1e-3, 3e-3, 1e-2), "scalar_adam": (3e-
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+@functools.lru_cache(maxsize=1)
+def _cube() -> torch.Tensor:
+    from tensorly.datasets import load_indian_pines  # reads the .npy shipped inside tensorly; no download
+
+    return torch.as_tensor(load_indian_pines()["tensor"], dtype=torch.float64)
+
+
 def load_pixels(n_pixels: int = 2000) -> torch.Tensor:
     """Pixels x bands, divided by the global max, zero rows dropped, n_pixels rows sampled with
     Generator(2026) (the first n of one permutation), each band's mean subtracted."""
-    from tensorly.datasets import load_indian_pines
-
-    cube = torch.as_tensor(load_indian_pines()["tensor"], dtype=torch.float64)
+    cube = _cube()
     x = cube.reshape(-1, cube.shape[-1])
     x = x / x.max()
     x = x[x.norm(dim=1) > 1e-8]
@@ -61,7 +67,6 @@ def load_pixels(n_pixels: int = 2000) -> torch.Tensor:
 
 
 def train(rule: str, lr: float, seed: int, density: float, n_pixels: int, max_steps: int) -> dict:
-    torch.set_num_threads(1)
     x = load_pixels(n_pixels)
     mask = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed + 7)) < density
     n_obs, n_test = int(mask.sum()), int((~mask).sum())
@@ -94,6 +99,7 @@ def train(rule: str, lr: float, seed: int, density: float, n_pixels: int, max_st
 
 
 def _task(kw: dict) -> dict:
+    torch.set_num_threads(1)
     return train(**kw)
 
 
