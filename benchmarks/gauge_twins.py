@@ -266,22 +266,28 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python benchmarks/gauge_twins.py " + " ".join(argv if argv is not None else sys.argv[1:])
     t0 = time.time()
     tasks = [(a, steps) for a in arms]
+    out.mkdir(parents=True, exist_ok=True)
+    data: dict = {}
+
+    def save(result: dict) -> None:  # after every arm, so a cut-short run still leaves its finished arms
+        data[result.pop("arm")] = result
+        ordered = {a: data[a] for a in arms if a in data}
+        tmp = out / "gauge_twins.json.tmp"
+        tmp.write_text(json.dumps(ordered, indent=1))
+        os.replace(tmp, out / "gauge_twins.json")
+        (out / "gauge_twins.md").write_text(render_md(ordered, command))
+        plot(ordered, out / "gauge_twins.png")
+
     if args.workers <= 1:
-        results = [_task(t) for t in tqdm(tasks, desc="twins")]
+        for t in tqdm(tasks, desc="twins"):
+            save(_task(t))
     else:
         with get_context("spawn").Pool(args.workers) as pool:
-            results = list(tqdm(pool.imap_unordered(_task, tasks), total=len(tasks), desc="twins"))
-    data = {r.pop("arm"): r for r in results}
-    data = {a: data[a] for a in arms}
+            for r in tqdm(pool.imap_unordered(_task, tasks), total=len(tasks), desc="twins"):
+                save(r)
     print(f"{time.time() - t0:.0f} s")
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "gauge_twins.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, out / "gauge_twins.json")
-    (out / "gauge_twins.md").write_text(render_md(data, command))
-    plot(data, out / "gauge_twins.png")
     print((out / "gauge_twins.md").read_text())
-    return data
+    return {a: data[a] for a in arms}
 
 
 if __name__ == "__main__":
