@@ -197,6 +197,13 @@ def render_md(data, detail, command, args, seconds) -> str:
              "Data: Baumgardner, Biehl, Landgrebe (2015), 220 Band AVIRIS Hyperspectral Image Data Set: June 12, "
              "1992 Indian Pine Test Site 3, Purdue University Research Repository, doi:10.4231/R7RX991C (CC BY 3.0),"
              " as shipped in tensorly.", "", f"Command: `{command}` ({seconds:.0f} s)", ""]
+    if args.pixels != 2000 or args.max_steps != 30_000 or args.grid != "protocol":
+        lines += ["**Reduced from the protocol to fit the CPU budget** (2 shared cores): "
+                  f"{args.pixels} pixels instead of 2000, at most {args.max_steps} steps instead of 30 000"
+                  + (", 3-rate LR grids (GD 1/3/10, Adam 1e-3/3e-3/1e-2, shared-scalar Adam 3e-3/1e-2/3e-2, "
+                     "Muon 0.01/0.03/0.1, Symo 3e-3/1e-2/3e-2)" if args.grid == "small" else "")
+                  + ". A rate marked (grid edge) was not bracketed; GD in particular is limited by the step cap, "
+                  "which makes the deepest common level shallow.", ""]
     for d, entry in data.items():
         level = next(iter(entry.values()))["level"]
         lines += [f"## density {d} (train MSE level {level})", "",

@@ -293,6 +293,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="toy lengths, one seed, to a temp dir unless --out")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--merge-from", default=None,
+                    help="comma-separated matrix_sensing.json files (parts run to other --out dirs) to merge into "
+                         "--out's file; no training")
+    ap.add_argument("--notes-file", type=Path, default=None, help="with --merge-from: lines for the md's Notes")
     ap.add_argument("--dial-grid", default=None, help="dial: comma-separated subset of learning rates")
     ap.add_argument("--taus", default=None, help="tail: comma-separated subset of tau (default: the protocol's 8)")
     ap.add_argument("--tail-arms", default=None,
@@ -307,6 +311,19 @@ def main(argv: list[str] | None = None) -> dict:
     path = out / "matrix_sensing.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     data.setdefault("commands", [])
+    if args.merge_from:
+        for other in args.merge_from.split(","):
+            extra = json.loads(Path(other).read_text())
+            for c in extra.pop("commands", []):
+                if c not in data["commands"]:
+                    data["commands"].append(c)
+            data.setdefault("seconds", {}).update(extra.pop("seconds", {}))
+            data.update(extra)
+        if args.notes_file:
+            data["notes"] = [x.strip() for x in args.notes_file.read_text().splitlines() if x.strip()]
+        write_outputs(data, out, data["commands"][-1])
+        print((out / "matrix_sensing.md").read_text())
+        return data
     for part in parts:
         t0 = time.time()
         kwargs = {}
