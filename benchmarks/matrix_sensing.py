@@ -134,14 +134,20 @@ def part_dial(quick: bool, workers: int, grid=DIAL_GRID) -> dict:
     tasks = [{"kind": "batched", "rule": "adam_p", "lrs": [lr], "seeds": seeds, "p": p, "max_steps": steps}
              for p in DIAL_PS for lr in grid]
     runs = [r for rs in run_pool(tasks, "dial", workers) for r in rs]
+    return {"dial": summarize_dial(runs), "dial_runs": runs}
+
+
+def summarize_dial(runs: list[dict]) -> list[dict]:
     dial = []
-    for p in DIAL_PS:
-        lr, best = sc.select_lr([r for r in runs if r["p"] == p])
+    for p in sorted({r["p"] for r in runs}, reverse=True):
+        sel = [r for r in runs if r["p"] == p]
+        grid = sorted({r["lr"] for r in sel})
+        lr, best = sc.select_lr(sel)
         dial.append({"p": p, "lr": lr, "recovery_mean": _mean([r["recovery"] for r in best]),
                      "recovery_std": _std([r["recovery"] for r in best]),
                      "erank_mean": _mean([r["erank"] for r in best]), "steps_mean": _mean([r["steps"] for r in best]),
-                     "lr_at_grid_edge": lr in (grid[0], grid[-1]) and len(grid) > 1})
-    return {"dial": dial, "dial_runs": runs}
+                     "lr_at_grid_edge": lr in (grid[0], grid[-1]) and len(grid) > 1, "grid": grid})
+    return dial
 
 
 # Symo's power as a dial between momentum GD (p = 0) and the Gram polar rule (p = -1/2), fixed or
@@ -225,7 +231,8 @@ def render_md(data: dict, command: str) -> str:
         lines += ["## The anisotropy dial (Adam-p; p = 1 Adam, p = 0 shared-scalar Adam)", "",
                   "| p | lr | recovery | eff. rank | steps |", "|---|---|---|---|---|"]
         for d in data["dial"]:
-            lines.append(f"| {d['p']:g} | {d['lr']:g} | {d['recovery_mean']:.4f} | {d['erank_mean']:.2f} | "
+            edge = " (grid edge)" if d.get("lr_at_grid_edge") else ""
+            lines.append(f"| {d['p']:g} | {d['lr']:g}{edge} | {d['recovery_mean']:.4f} | {d['erank_mean']:.2f} | "
                          f"{d['steps_mean']:.0f} |")
         lines.append("")
     if "tail" in data:
@@ -318,6 +325,9 @@ def main(argv: list[str] | None = None) -> dict:
                 if c not in data["commands"]:
                     data["commands"].append(c)
             data.setdefault("seconds", {}).update(extra.pop("seconds", {}))
+            if "dial_runs" in extra and "dial_runs" in data:  # two grids of the dial: select over their union
+                extra["dial_runs"] = data["dial_runs"] + extra["dial_runs"]
+                extra["dial"] = summarize_dial(extra["dial_runs"])
             data.update(extra)
         if args.notes_file:
             data["notes"] = [x.strip() for x in args.notes_file.read_text().splitlines() if x.strip()]
