@@ -66,12 +66,24 @@ def _run(task: dict) -> dict:
     return sc.train(**task)
 
 
-def run_pool(tasks: list[dict], desc: str, workers: int) -> list[dict]:
+def run_pool(tasks: list[dict], desc: str, workers: int, partial: Path | None = None) -> list:
+    """Results in completion order; with `partial`, every result so far is also dumped there (JSON)."""
+    done: list = []
+
+    def keep(result):
+        done.append(result)
+        if partial is not None:
+            partial.write_text(json.dumps(done))
+
     if workers <= 1:
         _worker_init()
-        return [_run(t) for t in tqdm(tasks, desc=desc)]
+        for t in tqdm(tasks, desc=desc):
+            keep(_run(t))
+        return done
     with get_context("spawn").Pool(workers, initializer=_worker_init) as pool:
-        return list(tqdm(pool.imap_unordered(_run, tasks), total=len(tasks), desc=desc))
+        for r in tqdm(pool.imap_unordered(_run, tasks), total=len(tasks), desc=desc):
+            keep(r)
+    return done
 
 
 def _mean(xs):
@@ -93,15 +105,21 @@ def verdict(rule: str) -> dict:
 
 
 # ------------------------------------------------------------------ parts
-def part_zoo(quick: bool, workers: int) -> dict:
+def part_zoo(quick: bool, workers: int, grids: dict | None = None) -> dict:
     seeds = SEEDS[:1] if quick else SEEDS
     steps = 400 if quick else sc.MAX_STEPS
-    grids = {r: g[len(g) // 2: len(g) // 2 + 1] for r, g in ZOO_GRIDS.items()} if quick else ZOO_GRIDS
+    if grids is None:
+        grids = {r: g[len(g) // 2: len(g) // 2 + 1] for r, g in ZOO_GRIDS.items()} if quick else ZOO_GRIDS
     tasks = [{"rule": r, "lr": lr, "seed": s, "max_steps": steps, "schedule": sc.schedule_of(r)}
              for r, grid in grids.items() for lr in grid for s in seeds]
     runs = run_pool(tasks, "zoo", workers)
+    return {"zoo": summarize_zoo(runs), "zoo_runs": runs}
+
+
+def summarize_zoo(runs: list[dict]) -> dict:
     zoo = {}
-    for rule, grid in grids.items():
+    for rule in dict.fromkeys(r["rule"] for r in runs):
+        grid = sorted({r["lr"] for r in runs if r["rule"] == rule})
         lr, best = sc.select_lr([r for r in runs if r["rule"] == rule])
         zoo[rule] = {"lr": lr, "recovery_mean": _mean([r["recovery"] for r in best]),
                      "recovery_std": _std([r["recovery"] for r in best]),
@@ -109,9 +127,9 @@ def part_zoo(quick: bool, workers: int) -> dict:
                      "balancedness_mean": _mean([r["balancedness"] for r in best]),
                      "steps_mean": _mean([r["steps"] for r in best]),
                      "final_loss_max": max(r["final_loss"] for r in best),
-                     "lr_at_grid_edge": lr in (grid[0], grid[-1]) and len(grid) > 1,
+                     "lr_at_grid_edge": lr in (grid[0], grid[-1]) and len(grid) > 1, "grid": grid,
                      **verdict(rule)}
-    return {"zoo": zoo, "zoo_runs": runs}
+    return zoo
 
 
 def part_nuclear(quick: bool, workers: int) -> dict:
@@ -162,9 +180,10 @@ SYMO_TAIL_ARMS = {
 }
 
 
-def part_tail(quick: bool, workers: int, taus=TAUS, arms: tuple[str, ...] | None = None) -> dict:
+def part_tail(quick: bool, workers: int, taus=TAUS, arms: tuple[str, ...] | None = None,
+              max_steps: int = sc.MAX_STEPS, partial: Path | None = None) -> dict:
     seeds = list(SEEDS[:1] if quick else SEEDS)
-    steps = 300 if quick else sc.MAX_STEPS
+    steps = 300 if quick else max_steps
     taus = taus[::4] if quick else taus
     tasks = []
     for tau in taus:
@@ -179,7 +198,7 @@ def part_tail(quick: bool, workers: int, taus=TAUS, arms: tuple[str, ...] | None
             elif arms is None or rule in arms:
                 tasks.append({"kind": "batched", "rule": rule, "lrs": grid, "seeds": seeds, "tau": tau,
                               "max_steps": steps, "schedule": sc.schedule_of(rule, tail=True)})
-    runs = [r for rs in run_pool(tasks, "tail", workers) for r in rs]
+    runs = [r for rs in run_pool(tasks, "tail", workers, partial) for r in rs]
     tail = []
     for tau in taus:
         for label in sorted({r["rule"] for r in runs}):
@@ -305,6 +324,9 @@ def main(argv: list[str] | None = None) -> dict:
                          "--out's file; no training")
     ap.add_argument("--notes-file", type=Path, default=None, help="with --merge-from: lines for the md's Notes")
     ap.add_argument("--dial-grid", default=None, help="dial: comma-separated subset of learning rates")
+    ap.add_argument("--zoo-grid", default=None,
+                    help="zoo: rule=lr/lr,... instead of the protocol grids (to extend a grid; merge afterwards)")
+    ap.add_argument("--tail-steps", type=int, default=None, help="tail: step cap (protocol: 20000)")
     ap.add_argument("--taus", default=None, help="tail: comma-separated subset of tau (default: the protocol's 8)")
     ap.add_argument("--tail-arms", default=None,
                     help="tail: comma-separated subset of rules/Symo arms (default: all)")
@@ -325,6 +347,9 @@ def main(argv: list[str] | None = None) -> dict:
                 if c not in data["commands"]:
                     data["commands"].append(c)
             data.setdefault("seconds", {}).update(extra.pop("seconds", {}))
+            if "zoo_runs" in extra and "zoo_runs" in data:  # a grid extension: select over the union
+                extra["zoo_runs"] = data["zoo_runs"] + extra["zoo_runs"]
+                extra["zoo"] = summarize_zoo(extra["zoo_runs"])
             if "dial_runs" in extra and "dial_runs" in data:  # two grids of the dial: select over their union
                 extra["dial_runs"] = data["dial_runs"] + extra["dial_runs"]
                 extra["dial"] = summarize_dial(extra["dial_runs"])
@@ -339,8 +364,15 @@ def main(argv: list[str] | None = None) -> dict:
         kwargs = {}
         if part == "tail" and args.taus:
             kwargs["taus"] = tuple(float(t) for t in args.taus.split(","))
+        if part == "zoo" and args.zoo_grid:
+            kwargs["grids"] = {k: tuple(float(x) for x in v.split("/"))
+                               for k, v in (item.split("=") for item in args.zoo_grid.split(","))}
         if part == "dial" and args.dial_grid:
             kwargs["grid"] = tuple(float(x) for x in args.dial_grid.split(","))
+        if part == "tail":
+            kwargs["partial"] = out / "tail_partial.json"
+            if args.tail_steps:
+                kwargs["max_steps"] = args.tail_steps
         if part == "tail" and args.tail_arms:
             kwargs["arms"] = tuple(args.tail_arms.split(","))
         data.update(PARTS[part](args.quick, args.workers, **kwargs))
