@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from . import models
+from . import zoo as zoo
 from .compiled import BlockInfo, CompiledSpec, NonFiniteGradientError
 from .compiler import Spec as Spec
 from .compiler import SpecError, compile_spec, load_spec, parse_spec
 from .curvature import Curvature
 from .equivariance import SymmetryReport, check_symmetry
+from .gauge import EquivarianceReport, check_equivariance
 from .infer import Inference, check_spec, infer, infer_spec
 from .optim import Symo, SymoConfig
 
@@ -25,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "Spec", "SpecError",
     "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
+    "EquivarianceReport", "check_equivariance", "zoo",
 ]
 __all__ += ["Inference", "check_spec", "infer", "infer_spec"]
 

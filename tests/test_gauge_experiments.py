@@ -1,0 +1,119 @@
+"""benchmarks/gauge_twins.py and benchmarks/hyperspectral.py (issue 11): the pieces the full runs rely on."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import symo
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tw = _load("gauge_twins")
+hs = _load("hyperspectral")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small matmuls: one thread avoids OpenMP spin-waits on a loaded 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _small_model():
+    torch.manual_seed(0)
+    return tw.ModAdd().double()
+
+
+def test_data_split_follows_the_protocol():
+    (xt, yt), (xv, yv) = tw.data()
+    assert xt.shape == (883, 3) and xv.shape == (1326, 3)
+    assert torch.equal(yt, (xt[:, 0] + xt[:, 1]) % 47) and bool((xt[:, 2] == 47).all())
+    pairs = {tuple(r) for r in torch.cat([xt, xv])[:, :2].tolist()}
+    assert len(pairs) == 47 * 47
+
+
+def test_rotated_twin_is_the_same_function_but_other_weights():
+    model = _small_model()
+    twin = tw.rotate_twin(model, 777)
+    (xt, _), _ = tw.data()
+    x = xt[:50]
+    assert torch.allclose(model(x), twin(x), rtol=0, atol=1e-12)
+    assert tw.rel(model.blocks[0].attn.q.weight, twin.blocks[0].attn.q.weight) > 0.5
+    for a, b in zip(tw.qk_products(model), tw.qk_products(twin)):
+        assert torch.allclose(a, b, atol=1e-12)
+    noisy = tw.noise_twin(model)
+    assert 0 < tw.rel(model(x), noisy(x)) < 1e-5
+
+
+def test_per_head_spec_is_a_true_symmetry_and_symo_respects_it():
+    model = _small_model()
+    (xt, yt), _ = tw.data()
+    x, y = xt[:40], yt[:40]
+
+    def loss(m):
+        return F.cross_entropy(m(x), y)
+
+    compiled = symo.compile("mod_add_qk_gauge", model)
+    assert len(compiled.param_names) == 4  # q and k of both layers
+    params = dict(model.named_parameters())
+    rep = symo.check_symmetry(lambda w: F.cross_entropy(torch.func.functional_call(model, w, (x,)), y),
+                              compiled, params)
+    assert rep.is_true_symmetry
+    good = symo.check_equivariance(
+        lambda ps: symo.Symo(ps, compiled, lr=1e-3, adamw_lr=1e-3, adamw_betas=(0.9, 0.999)), model, compiled, loss,
+        steps=2)
+    bad = symo.check_equivariance(lambda ps: tw.make_optimizer("adam", _Holder(ps))[0], model, compiled, loss,
+                                  steps=2)
+    assert good.is_equivariant, good.summary()
+    assert not bad.is_equivariant and bad.first_step_defect > 1e-6
+
+
+class _Holder:
+    """make_optimizer takes a model; the checker hands out named parameters."""
+
+    def __init__(self, named):
+        self._named = named
+
+    def named_parameters(self):
+        return list(self._named)
+
+
+def test_indian_pines_preprocessing():
+    x = hs.load_pixels(300)
+    assert x.shape == (300, 200)
+    assert float(x.mean(dim=0).abs().max()) < 1e-6
+    assert float(x.abs().max()) <= 1.0
+    assert torch.equal(x, hs.load_pixels(300))  # Generator(2026): deterministic
+
+
+def test_hyperspectral_selection_rule():
+    def run(lr, levels, steps):
+        return {"lr": lr, "hits": {str(lv): {"step": steps} for lv in hs.LEVELS[:levels]}}
+
+    runs = [run(1, 3, 50), run(1, 4, 60), run(3, 4, 30), run(3, 4, 40), run(10, 4, 10), run(10, 2, 10)]
+    assert hs.deepest_common(runs[:2]) == hs.LEVELS[2]
+    assert hs.select(runs) == 3  # 10 reaches fewer levels on one seed; 3 beats 1 on levels
+    runs += [run(30, 4, 5), run(30, 4, 5)]
+    assert hs.select(runs) == 30  # same depth, fewer steps
+
+
+def test_hyperspectral_train_reaches_levels():
+    r = hs.train("adam", 1e-2, 42, 0.25, 100, 150)
+    assert r["hits"] and all(h["test_rmse"] > 0 for h in r["hits"].values())
+    first = [r["hits"][str(lv)]["step"] for lv in hs.LEVELS if str(lv) in r["hits"]]
+    assert first == sorted(first)

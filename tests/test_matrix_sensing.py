@@ -1,0 +1,117 @@
+"""benchmarks/matrix_sensing.py (issue 11): problem generation, the nuclear-norm reference, and the batched
+trainer used by the dial and the tail against the zoo optimizers and symo.Symo run one at a time."""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sc = _load("sensing_core")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny GEMVs: one thread avoids OpenMP spin-waits on a loaded 2-core machine (a 20x slowdown here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_problem_follows_the_protocol():
+    x, a, y = sc.make_problem(42)
+    assert a.shape == (462, 1600) and sc.M == 462 and sc.DOF == 231
+    s = torch.linalg.svdvals(x.double())
+    assert s[2] > 0.1 * s[0] and s[3] < 1e-5 * s[0]  # rank 3 (up to float32 rounding)
+    assert torch.allclose(a @ x.reshape(-1), y)
+    # generator order: Us, Vs, then A
+    g = torch.Generator().manual_seed(42)
+    us, vs = torch.randn(40, 3, generator=g) / math.sqrt(3), torch.randn(40, 3, generator=g) / math.sqrt(3)
+    assert torch.equal(x, us @ vs.T) and torch.equal(a, torch.randn(462, 1600, generator=g))
+
+
+def test_spectral_tail_target():
+    x3, _, _ = sc.make_problem(7)
+    x, _, _ = sc.make_problem(7, tau=0.3)
+    e = (x - math.sqrt(1 - 0.09) * x3) / 0.3
+    assert math.isclose(float(e.norm()), float(x3.norm()), rel_tol=1e-5)   # tail scaled to ||X3||
+    u, _, vh = torch.linalg.svd(x3.double())
+    assert float((u[:, :3].T @ e.double()).norm()) < 1e-4 * float(e.norm())  # orthogonal to X3's spaces
+    assert float((e.double() @ vh[:3].T).norm()) < 1e-4 * float(e.norm())
+
+
+def test_effective_rank():
+    assert math.isclose(sc.effective_rank(torch.eye(5)), 5.0, rel_tol=1e-9)
+    assert math.isclose(sc.effective_rank(torch.diag(torch.tensor([1.0, 0, 0]))), 1.0, rel_tol=1e-9)
+
+
+def test_nuclear_norm_single_measurement_closed_form():
+    """min ||X||_* s.t. <A, X> = y is y / sigma_1(A) u_1 v_1^T (the dual norm of the nuclear norm)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(1, 4, 3, generator=gen, dtype=torch.float64)
+    y = torch.tensor([2.5], dtype=torch.float64)
+    x = sc.nuclear_norm_interpolant(a.reshape(1, -1), y, (4, 3))
+    u, s, vh = torch.linalg.svd(a[0])
+    want = y[0] / s[0] * torch.outer(u[:, 0], vh[0])
+    assert torch.allclose(x, want, atol=1e-5)
+    assert math.isclose(float(torch.linalg.matrix_norm(x, "nuc")), 2.5 / float(s[0]), rel_tol=1e-5)
+
+
+def test_nuclear_norm_full_measurements_row_major():
+    """With n^2 independent measurements the interpolant is unique: checks the row-major vec."""
+    gen = torch.Generator().manual_seed(1)
+    target = torch.randn(3, 3, generator=gen, dtype=torch.float64)
+    a = torch.randn(9, 9, generator=gen, dtype=torch.float64)
+    x = sc.nuclear_norm_interpolant(a, a @ target.reshape(-1), (3, 3))
+    assert torch.allclose(x, target, atol=1e-5)
+
+
+def test_low_rank_recovery_by_nuclear_norm():
+    """Enough Gaussian measurements of a rank-1 matrix: the convex program recovers it exactly."""
+    x, a, y = sc.make_problem(3, n=6, rank=1, m=30, dtype=torch.float64)
+    w = sc.nuclear_norm_interpolant(a, y, (6, 6))
+    assert float((w - x).norm() / x.norm()) < 1e-4
+
+
+@pytest.mark.parametrize("rule,p,single", [("gd", None, "gd"), ("adam", None, "adam"),
+                                           ("scalar_adam", None, "scalar_adam"), ("adam_p", 0.5, "adam_p"),
+                                           ("muon", None, "muon"), ("shampoo", None, "shampoo"),
+                                           ("symo_p", -0.5, "symo"), ("symo_p", -0.25, "symo_p")])
+def test_batched_trainer_matches_the_optimizers(rule, p, single):
+    """The dial and the tail run rules stacked on a batch axis; they must be the zoo / Symo rules."""
+    lr = {"gd": 0.01, "shampoo": 0.03, "muon": 0.03}.get(rule, 3e-3)
+    sched = "cos" if rule == "muon" else "const"
+    batched = sc.train_batched(rule, [lr, lr / 3], [42], max_steps=40, p=p, schedule=sched)
+    one = sc.train(single, lr, 42, max_steps=40, p=p, schedule=sched)
+    assert batched[0]["steps"] == one["steps"] == 40
+    assert math.isclose(batched[0]["recovery"], one["recovery"], rel_tol=1e-5)
+    assert math.isclose(batched[0]["final_loss"], one["final_loss"], rel_tol=1e-4)
+    assert not math.isclose(batched[1]["final_loss"], one["final_loss"], rel_tol=1e-2)  # the other lr differs
+
+
+def test_select_lr_prefers_interpolating_runs():
+    runs = [{"lr": 0.1, "recovery": 0.01, "final_loss": 1e-3}, {"lr": 0.01, "recovery": 0.2, "final_loss": 1e-9}]
+    assert sc.select_lr(runs)[0] == 0.01
+    runs.append({"lr": 0.001, "recovery": 0.1, "final_loss": 1e-9})
+    assert sc.select_lr(runs)[0] == 0.001
+
+
+def test_quick_mode_writes_the_outputs(tmp_path):
+    ms = _load("matrix_sensing")
+    data = ms.main(["--quick", "--part", "nuclear", "--workers", "1", "--out", str(tmp_path)])
+    assert data["nuclear_norm"]["recovery_mean"] < 1e-3
+    assert (tmp_path / "matrix_sensing.md").exists() and (tmp_path / "matrix_sensing.json").exists()
