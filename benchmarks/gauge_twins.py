@@ -1,4 +1,4 @@
-"""Gauge twins in a transformer (../shared/PROTOCOLS.md §4): train a network and its per-head query/key
+"""Gauge twins in a transformer (the published protocol of Singh 2026, §4): train a network and its per-head query/key
 rotation in lockstep, and watch whether the optimizer keeps them functionally identical.
 
     python benchmarks/gauge_twins.py              # 1500 steps, five arms, pool of 2

@@ -1,4 +1,4 @@
-"""Hyperspectral completion on the real Indian Pines cube (../shared/PROTOCOLS.md §5): held-out error of
+"""Hyperspectral completion on the real Indian Pines cube (the published protocol of Singh 2026, §5): held-out error of
 GD, Adam, shared-scalar Adam, Muon and Symo (O(k) gauge) at matched training-loss levels.
 
     python benchmarks/hyperspectral.py                       # protocol sizes (long)

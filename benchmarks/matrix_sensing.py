@@ -1,4 +1,4 @@
-"""Underdetermined matrix sensing (../shared/PROTOCOLS.md §1-3): the optimizer zoo, the minimum-nuclear-norm
+"""Underdetermined matrix sensing (the published protocol of Singh 2026, §1-3): the optimizer zoo, the minimum-nuclear-norm
 reference, the anisotropy dial, and the spectral tail, with each rule's gauge-equivariance verdict from
 `symo.check_equivariance`.
 
@@ -226,7 +226,7 @@ def write_outputs(data: dict, out: Path, command: str) -> None:
 def render_md(data: dict, command: str) -> str:
     lines = ["# Matrix sensing: the optimizer zoo, the dial and the spectral tail", "",
              "40 x 40 rank-3 target, factors 40 x 40 (k = 40), m = 462 Gaussian measurements, init 1e-3, "
-             "seeds 42/123/456, float32 (PROTOCOLS.md §1-3). The learning rate of each rule is selected by "
+             "seeds 42/123/456, float32 (the published protocol, §1-3). The learning rate of each rule is selected by "
              "the protocol's rule, i.e. **against the ground truth** (mean recovery if every seed interpolates).",
              "", "Commands: " + "; ".join(f"`{c}`" for c in data.get("commands", [command])), ""]
     if "zoo" in data:

@@ -92,7 +92,7 @@ class CompiledSpec:
 
     # ------------------------------------------------------------ estimators
     def orbit_average(self, grads: Tensors, *, centered: bool = False, check_finite: bool = True) -> Curvature:
-        """S_g = E_g[A_g g g^T A_g^T] (MATH.md §3) from one gradient dict, in factored form.
+        """S_g = E_g[A_g g g^T A_g^T] (docs/theory.md) from one gradient dict, in factored form.
 
         `centered=True` averages (g - R1(g)) instead: the invariant part is dropped, so the result is
         singular on parameters no group moves and must not be an optimizer's only curvature there.

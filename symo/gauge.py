@@ -5,7 +5,7 @@ update rule is *equivariant* when the same holds step by step: A w_t = w'_t, whe
 from A w_0. Rules built from the group's commutant (SGD, heavy ball, shared-scalar Adam, Muon,
 Shampoo, Symo for the O(k) gauge of W = U V^T) pass to float precision; coordinate-wise rules (Adam,
 RMSProp, Lion, signSGD, Adafactor) fail at the first step ("The Loss Does Not See the Basis, but Adam
-Does"; MATH.md §4 case 4).
+Does"; docs/theory.md §5).
 
     report = symo.check_equivariance(lambda ps: torch.optim.Adam(ps, lr=1e-2))   # factored problem
     print(report.summary())          # verdict, step-1 defect, divergence after k steps

@@ -1,4 +1,4 @@
-"""Check a curvature estimate against the true Hessian of a small model (MATH.md §7).
+"""Check a curvature estimate against the true Hessian of a small model (metrics: docs/hessian.md).
 
     from symo import hessian
     H  = hessian.dense(loss_fn, params)            # P x P float64, params' order, each tensor row-major
@@ -108,7 +108,7 @@ def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tens
 
 # ------------------------------------------------------------------ Symo's taylor estimate
 def taylor(s_g: Curvature, weights: Tensors, damping: float = 1e-6) -> Curvature:
-    """H = S_w^{-1} # S_g per isotypic block (MATH.md §3), S_w = R2(w - R1(w)) from `weights`.
+    """H = S_w^{-1} # S_g per isotypic block (docs/theory.md), S_w = R2(w - R1(w)) from `weights`.
 
     This is the estimator the optimizer's `estimator="taylor"` uses: S_w is damped with
     max(damping, 1e-8) * lambda_max before it is inverted (it is often rank deficient), and blocks
@@ -221,7 +221,7 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
             seed: int = 0, *, dense_max: int = DENSE_MAX, frobenius_max: int = FROBENIUS_MAX,
             hessian: torch.Tensor | None = None,
             hessian_eigh: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float | None]:
-    """Cosine similarities between an estimate H_hat and the true Hessian H at `params` (MATH.md §7).
+    """Cosine similarities between an estimate H_hat and the true Hessian H at `params` (metrics: docs/hessian.md).
 
     Returns cos_neg_grad = cos(H_hat(-g), H(-g)); cos_random = the mean of cos(H_hat v, H v) over
     `random_directions` Gaussian v (from `seed`); cos_newton = cos(H_hat^{-1} g, H^{-1} g), both

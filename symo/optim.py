@@ -1,4 +1,4 @@
-"""`Symo`: a torch optimizer whose preconditioner is the spec's orbit-averaged curvature (MATH.md §3-4).
+"""`Symo`: a torch optimizer whose preconditioner is the spec's orbit-averaged curvature (docs/theory.md).
 
     model = symo.models.gpt_bench()
     opt = symo.Symo(model.named_parameters(), "specs/gpt_muon.toml", lr=0.02, update_scale="muon")
@@ -64,7 +64,7 @@ class SymoConfig:
     """Added to the curvature before negative powers; see `damping_mode`. Newton–Schulz on Y (the
     beta2 = 0 Muon path) approximates the undamped polar factor and ignores it."""
     damping_mode: Literal["relative", "absolute"] = "relative"
-    """relative: x + damping * lambda_max per block, exact zeros stay zero (pseudo-inverse, MATH.md §3).
+    """relative: x + damping * lambda_max per block, exact zeros stay zero (pseudo-inverse, docs/theory.md).
     absolute: x + damping on every eigenvalue (Shampoo's epsilon)."""
     estimator: Literal["gradient", "taylor"] = "gradient"
     """gradient: H = S_g^{1/2}. taylor: H = S_w^{-1} # S_g with S_w = R2(w - R1(w)) from the current

@@ -2,7 +2,7 @@
 
 Every rule is a `torch.optim.Optimizer` (so `symo.check_equivariance` and any torch training loop take
 it), acting per parameter tensor ("per factor") unless it says otherwise. The constants and formulas
-are those of ../shared/PROTOCOLS.md §1-2: beta1 = 0.9, beta2 = 0.999, eps = 1e-8, step counter from 1.
+are those of the paper's published protocol (§1-2): beta1 = 0.9, beta2 = 0.999, eps = 1e-8, step counter from 1.
 
     opt = symo.zoo.make("muon", [("U", U), ("V", V)], lr=0.03)
     symo.zoo.RULES                 # name -> (class, default lr, schedule "const" | "cos")
@@ -106,7 +106,7 @@ def _moments(st, g, b1, b2):
 
 
 class AdamP(_Rule):
-    """The anisotropy dial (PROTOCOLS §2): D_i = (s_i + eps)^p (s_bar + eps)^(1 - p), direction
+    """The anisotropy dial (protocol §2): D_i = (s_i + eps)^p (s_bar + eps)^(1 - p), direction
     m_hat_i / (D_i + eps), s_i = sqrt(v_hat_i), s_bar = sqrt(mean of v_hat over every entry of every
     parameter of this optimizer). p = 1 is Adam, p = 0 shared-scalar Adam (both up to one extra eps)."""
 
