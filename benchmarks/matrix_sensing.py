@@ -1,4 +1,4 @@
-"""Underdetermined matrix sensing (the published protocol of Singh 2026, §1-3): the optimizer zoo, the minimum-nuclear-norm
+"""Underdetermined matrix sensing (Singh 2026, protocol §1-3): the optimizer zoo, the minimum-nuclear-norm
 reference, the anisotropy dial, and the spectral tail, with each rule's gauge-equivariance verdict from
 `symo.check_equivariance`.
 

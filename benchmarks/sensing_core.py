@@ -1,4 +1,4 @@
-"""Shared pieces of the matrix-sensing experiments (the published protocol of Singh 2026, §1-3): problem, rules, training.
+"""Shared pieces of the matrix-sensing experiments (Singh 2026, protocol §1-3): problem, rules, training.
 
 Imported by benchmarks/matrix_sensing.py and by the tests; every function is deterministic in its seed.
 """

@@ -118,7 +118,7 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
 
 
 def generate_source(bound: BoundSpec, key: str) -> str:
-    """Tier 1 for specs whose spaces occur at most once per block, tier 2 (MATH.md §5) otherwise."""
+    """Tier 1 for specs whose spaces occur at most once per block, tier 2 (docs/theory.md) otherwise."""
     if is_tier2(bound):
         return generate_tier2(derive_tier2(bound), key).source
     return generate(derive_structure(bound), key).source

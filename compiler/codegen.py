@@ -3,7 +3,7 @@
 The module defines
     gather(t)  : {param: tensor}           -> {block id: Y_lambda of shape (batch, mult, width)}
     scatter(z) : {block id: Z_lambda}      -> {param: tensor}   (the transpose of gather)
-and BLOCKS, the blocks' sizes. gather is the orthogonal change of coordinates of MATH.md §4, so
+and BLOCKS, the blocks' sizes. gather is the orthogonal change of coordinates of docs/theory.md, so
 scatter(gather(t)) == t for every covered parameter. The code is straight-line torch (narrow,
 reshape, permute, mean, sum, cat): readable, vmap-able and free of graph breaks under torch.compile.
 

@@ -1,4 +1,4 @@
-"""Diagram bases of commutants for repeated spaces (MATH.md §5), symbolic in the size n.
+"""Diagram bases of commutants for repeated spaces (docs/theory.md), symbolic in the size n.
 
 When a space occurs k times in the operator's indices (e.g. the (row, col, row', col') indices of
 S for an RNN's W_hh, k = 4), the commutant of its group is spanned by diagram tensors delta_pi:

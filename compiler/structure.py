@@ -1,4 +1,4 @@
-"""Stage 3, structure: `BoundSpec` -> `Structure`, the isotypic decomposition of MATH.md §4 (tier 1).
+"""Stage 3, structure: `BoundSpec` -> `Structure`, the isotypic decomposition of docs/theory.md (tier 1).
 
 Every space splits R^n into irreducible pieces: `perm` into trivial (J/n) and standard (I - J/n),
 `signed_perm` and `orthogonal` stay whole ("nat"), `identity` is multiplicity. A *component* of a

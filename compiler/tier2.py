@@ -1,4 +1,4 @@
-"""Tier 2 of the structure stage: spaces that occur twice in one parameter block (MATH.md §5).
+"""Tier 2 of the structure stage: spaces that occur twice in one parameter block (docs/theory.md).
 
 A parameter such as an RNN's W_hh (h x h), acted on as Q W Q^T, carries R^n (x) R^n, whose
 irreducible pieces are not those of R^n. The commutant of the group on it is spanned by diagrams

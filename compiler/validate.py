@@ -272,7 +272,7 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
             graph.add_node(node)
             graph.add_edges_from((node, ("space", a.space)) for a in b.atoms if a.space is not None)
             # the incidence multigraph decides: two edges between a block and a space = a repeated
-            # space, compiled by tier 2 (MATH.md §5), which rejects what it cannot compile
+            # space, compiled by tier 2 (docs/theory.md), which rejects what it cannot compile
             for space in sorted({space for _, (_, space) in graph.edges(node)}):
                 count = graph.number_of_edges(node, ("space", space))
                 if count > 1:

@@ -15,7 +15,7 @@ an EMA with bias correction.
 - `Identity`: H_hat = I.
 
 Damping in `power` is relative, per factor: x -> x + damping * lambda_max(factor), and exact zeros map
-to zero for negative powers (MATH.md §3, the convention of `symo.Curvature`).
+to zero for negative powers (docs/theory.md, the convention of `symo.Curvature`).
 """
 
 from __future__ import annotations

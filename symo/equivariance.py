@@ -26,7 +26,7 @@ class SymmetryReport:
 def check_symmetry(loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], compiled: CompiledSpec,
                    params: Mapping[str, torch.Tensor], *, trials: int = 4, tolerance: float | None = None,
                    seed: int = 0) -> SymmetryReport:
-    """Evaluate L(A_g w) against L(w) for random group elements g (MATH.md §6, "true symmetry").
+    """Evaluate L(A_g w) against L(w) for random group elements g (docs/theory.md, "true symmetry").
 
     A relaxed group (Muon's per-matrix rows, a signed_perm on a GELU layer) shows a relative change
     far above float tolerance; a true one stays at rounding level.

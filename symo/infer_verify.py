@@ -1,5 +1,5 @@
 """Numerical check of declared spaces: act on the parameters with random group elements and compare the
-model's outputs in float64 (MATH.md §6: a true symmetry leaves them at rounding level).
+model's outputs in float64 (docs/theory.md: a true symmetry leaves them at rounding level).
 
 Permutations act by indexing and sign flips by multiplication, so checking a residual stream that
 touches a 50k x 768 embedding costs a gather, not a dense product.

@@ -1,6 +1,6 @@
 """Matrix functions of the small symmetric factors: exact (eigh) and Newton–Schulz.
 
-Conventions of MATH.md §3: damping is relative, x -> x + damping * lambda_max per block; eigenvalues
+Conventions of docs/theory.md: damping is relative, x -> x + damping * lambda_max per block; eigenvalues
 that are zero to working precision map to zero (pseudo-inverse semantics), so a rank-deficient
 single-gradient S still has a well-defined S^{-1/2} on its support. `absolute=True` selects
 Shampoo's convention instead, x -> x + damping on every eigenvalue (no thresholding when damping > 0).
@@ -94,7 +94,7 @@ def newton_schulz(x: torch.Tensor, steps: int = 5, coeffs: tuple[float, float, f
 
 def gram_power_apply(y: torch.Tensor, p: float, dim: int, damping: float = 0.0, *, absolute: bool = False,
                      float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:
-    """(Y Y^T / dim)^p Y for Y (..., m, n) through the smaller Gram matrix (MATH.md §4).
+    """(Y Y^T / dim)^p Y for Y (..., m, n) through the smaller Gram matrix (docs/theory.md).
 
     f(Y Y^T) Y = Y f(Y^T Y) for every spectral function f, damping and pseudo-inverse included, so an
     m x n block costs one min(m, n)-sized eigh.
@@ -150,7 +150,7 @@ def inv_sqrt_newton_schulz(a: torch.Tensor, steps: int = 25, damping: float = 0.
 def geometric_mean(a: torch.Tensor, b: torch.Tensor, float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:
     """A # B = A^{1/2} (A^{-1/2} B A^{-1/2})^{1/2} A^{1/2} for symmetric positive definite A, PSD B.
 
-    The unique positive solution X of X A^{-1} X = B (MATH.md §3, the "taylor" estimator).
+    The unique positive solution X of X A^{-1} X = B (docs/theory.md, the "taylor" estimator).
     """
     half, ihalf = sym_power(a, 0.5, 0.0, float64_max), sym_power(a, -0.5, 0.0, float64_max)
     inner = ihalf @ b @ ihalf
