@@ -68,6 +68,7 @@ class TrainConfig:
     resume: bool = False
     cache_dir: str | None = None       # encoded-corpus cache; default ~/.cache/symo/data
     progress: bool = True
+    threads: int | None = None         # torch.set_num_threads (CPU); default: torch's choice
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -151,11 +152,23 @@ def sample(model: GPT, corpus: Corpus, n_chars: int, seed: int, device: str, tem
 
 
 def train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Train; see `_train` (this wrapper restores torch's thread count when `cfg.threads` changed it)."""
+    previous = torch.get_num_threads()
+    try:
+        return _train(cfg, callback)
+    finally:
+        if cfg.threads:
+            torch.set_num_threads(previous)
+
+
+def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
     """Train; returns {"run_dir", "history", "final_val", "ms_per_step", "sample", ...}.
 
     `callback(step, row)` runs after every step (tests raise KeyboardInterrupt from it to stand for Ctrl-C).
     On KeyboardInterrupt a checkpoint is written before the exception propagates.
     """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     rank, world = _distributed(cfg.device)
     if cfg.batch_size % world:
         raise ValueError(f"--batch-size {cfg.batch_size} must be divisible by the number of processes ({world})")
