@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", default=str(ROOT / "runs" / "nanogpt_compare" / "cache.json"))
     p.add_argument("--run-root", default=str(ROOT / "runs" / "nanogpt_compare"))
     p.add_argument("--name", default="nanogpt_compare")
+    p.add_argument("--timing-rounds", type=int, default=5)
+    p.add_argument("--report-only", action="store_true",
+                   help="no new runs: report from the cached runs (best grid rate, the seeds finished so far)")
     args = p.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -190,8 +193,18 @@ def main(argv: list[str] | None = None) -> int:
                     for seed in range(1, args.seeds):
                         submit(v, best, seed)
 
+    if args.report_only:
+        pool.shutdown()
+        for res in cache.values():
+            same_setup = res["key"] == job_for(res["variant"], res["lr"], res["seed"], args)["key"]
+            if res["variant"] in variants and same_setup:
+                runs[res["key"]] = res
+                if res["seed"] == 0:
+                    grid_done[res["variant"]][res["lr"]] = res["final_val"]
+        for v in variants:
+            chosen[v] = choose_lr(grid_done[v], sorted(grid_done[v]))[0]
     for v in variants:
-        for lr in list(grids[v]):
+        for lr in list(grids[v]) if not args.report_only else []:
             submit(v, lr, 0)
     while pending:
         done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
@@ -208,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     train_minutes = (time.time() - t_start) / 60
     print("timing the optimizers (interleaved rounds) ...", flush=True)
-    ms = timing(args, chosen)
+    ms = timing(args, chosen, rounds=args.timing_rounds)
     report(args, variants, grids, grid_done, chosen, runs, ms, train_minutes, argv)
     return 0
 
@@ -261,12 +274,13 @@ def report(args, variants, grids, grid_done, chosen, runs, ms, train_minutes, ar
              f"batch {args.batch_size}; {args.steps} steps, {args.warmup} warm-up then cosine to 10%; "
              f"validation = {args.eval_batches} fixed batches every {args.eval_interval} steps. "
              f"Target = worst AdamW seed's final validation loss = **{target:.4f}**.", "",
-             f"| optimizer | lr | final val (mean ± std, {args.seeds} seeds) | steps to target | "
-             "vs AdamW steps | ms/step | vs AdamW time |", "|---|---|---|---|---|---|---|"]
+             "| optimizer | lr | final val (mean ± std over seeds) | seeds | steps to target | "
+             "vs AdamW steps | ms/step | vs AdamW time |", "|---|---|---|---|---|---|---|---|"]
     for v in variants:
         s = summary[v]
         steps, ratio = fmt_steps(v)
-        lines.append(f"| {LABELS[v]} | {s['lr']:g} | {s['val_final_mean']:.4f} ± {s['val_final_std']:.4f} | {steps} | "
+        lines.append(f"| {LABELS[v]} | {s['lr']:g} | {s['val_final_mean']:.4f} ± {s['val_final_std']:.4f} | "
+                     f"{len(s['seeds'])} | {steps} | "
                      f"{ratio} | {s['ms_per_step']:.0f} | {s['ms_per_step'] / ms['adamw']:.2f}x |")
     lines += ["", "Learning-rate grids (seed 0, full-length runs, final validation loss; * = chosen):", "",
               "| optimizer | " + " | ".join(["rate: final val"]) + " |", "|---|---|"]

@@ -55,10 +55,10 @@ class TrainConfig:
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
     weight_decay: float = 0.0
-    warmup: int = 50                   # linear warm-up steps, then cosine to min_lr_ratio * lr
+    warmup: int = 20                   # linear warm-up steps, then cosine to min_lr_ratio * lr
     min_lr_ratio: float = 0.1
-    batch_size: int = 32               # global batch (split over processes)
-    steps: int = 600
+    batch_size: int = 16               # global batch (split over processes)
+    steps: int = 500
     eval_interval: int = 100
     eval_batches: int = 8
     seed: int = 0
