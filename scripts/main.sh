@@ -5,4 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/symo train "$@"
+# One torch thread: this model is small enough that a second thread gains little on an idle machine, and
+# on shared cores two threads that wait for each other can be many times slower (options after it win).
+exec .venv/bin/symo train --threads 1 "$@"

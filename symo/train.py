@@ -273,7 +273,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
                     raise KeyboardInterrupt
     except KeyboardInterrupt:
         bar.close()
-        done = history["step"][-1]
+        done = int(history["step"][-1])
         if clean:
             checkpoint(done)
         if rank == 0 and cfg.progress:
