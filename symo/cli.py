@@ -92,6 +92,8 @@ def _add_train_parser(sub) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
     from .checkpoint import CheckpointError
     from .data import DataError
     from .train import TrainConfig, train
@@ -104,6 +106,9 @@ def _run_train(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        if dist.is_initialized():  # under torchrun
+            dist.destroy_process_group()
     if result.get("sample") is not None and args.progress:
         h = result["history"]
         train_loss = next((v for v in reversed(h["train_loss"]) if v == v), float("nan"))
