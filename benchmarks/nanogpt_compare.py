@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-root", default=str(ROOT / "runs" / "nanogpt_compare"))
     p.add_argument("--name", default="nanogpt_compare")
     p.add_argument("--timing-rounds", type=int, default=5)
+    p.add_argument("--reuse-timing", action="store_true",
+                   help="with --report-only: take ms/step from the existing results JSON instead of timing again")
+    p.add_argument("--note", default="", help="a paragraph added to the markdown (e.g. the budget and why)")
     p.add_argument("--report-only", action="store_true",
                    help="no new runs: report from the cached runs (best grid rate, the seeds finished so far)")
     args = p.parse_args(argv)
@@ -221,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     train_minutes = (time.time() - t_start) / 60
     print("timing the optimizers (interleaved rounds) ...", flush=True)
-    ms = timing(args, chosen, rounds=args.timing_rounds)
+    old = RESULTS / f"{args.name}.json"
+    if args.report_only and args.reuse_timing and old.is_file():
+        ms = {v: o["ms_per_step"] for v, o in json.loads(old.read_text())["optimizers"].items()}
+    else:
+        ms = timing(args, chosen, rounds=args.timing_rounds)
     report(args, variants, grids, grid_done, chosen, runs, ms, train_minutes, argv)
     return 0
 
@@ -251,11 +258,17 @@ def report(args, variants, grids, grid_done, chosen, runs, ms, train_minutes, ar
             "seeds": [r["seed"] for r in rs],
         }
     base_steps = summary["adamw"]["steps_to_target_mean"]
-    command = "python benchmarks/nanogpt_compare.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if "--note" in argv:  # the note is printed on its own; the command shows what made the runs
+        i = argv.index("--note")
+        del argv[i:i + 2]
+    argv = [a for a in argv if a not in ("--report-only", "--reuse-timing")]
+    command = "python benchmarks/nanogpt_compare.py " + " ".join(argv)
+    worker_minutes = sum(r["wall_s"] for r in runs.values()) / 60
     out = {"target": target, "optimizers": summary,
            "setup": {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd",
                                                    "eval_interval", "eval_batches", "warmup", "adamw_lr", "seeds")},
-           "command": command.strip(), "wall_minutes": train_minutes}
+           "command": command.strip(), "wall_minutes": train_minutes, "worker_minutes": worker_minutes}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(out, indent=1))
 
@@ -268,12 +281,17 @@ def report(args, variants, grids, grid_done, chosen, runs, ms, train_minutes, ar
         return f"{s['steps_to_target_mean']:.0f}", ratio
 
     lines = [f"# nanoGPT on Shakespeare: AdamW, Muon and Symo ({args.steps} steps)", "",
-             f"Command: `{command.strip()}` ({train_minutes:.0f} min of training on the shared 2-core machine).", "",
+             f"Command: `{command.strip()}` ({len(runs)} runs, {worker_minutes:.0f} worker-minutes of training on "
+             "the shared 2-core machine" + (", report rebuilt from the cached runs" if args.report_only else "")
+             + ").", "",
              f"Model: GPT {args.n_layer} layers, {args.n_head} heads, d_model {args.n_embd}, "
              f"context {args.block_size}; "
              f"batch {args.batch_size}; {args.steps} steps, {args.warmup} warm-up then cosine to 10%; "
              f"validation = {args.eval_batches} fixed batches every {args.eval_interval} steps. "
-             f"Target = worst AdamW seed's final validation loss = **{target:.4f}**.", "",
+             f"Target = worst AdamW seed's final validation loss = **{target:.4f}**.", ""]
+    if args.note:
+        lines += [args.note, ""]
+    lines += [
              "| optimizer | lr | final val (mean ± std over seeds) | seeds | steps to target | "
              "vs AdamW steps | ms/step | vs AdamW time |", "|---|---|---|---|---|---|---|---|"]
     for v in variants:
