@@ -32,7 +32,7 @@ from .runlog import write_csv, write_plot
 OPTIMIZERS = ("symo", "muon", "adamw")
 # Learning rates of the covered (hidden-matrix) parameters; tuned on the comparison benchmark
 # (benchmarks/results/nanogpt_compare.md). Muon and Symo use Muon's scale (update_scale="muon").
-DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 3e-3}
+DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 4e-3}
 # Settings a resumed checkpoint must share with the run: they change the model, the optimizer or the
 # sequence of batches and learning rates.
 RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "lr",
