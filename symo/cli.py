@@ -1,4 +1,5 @@
-"""Command line: `symo compile SPEC --model module:factory` (or `--shapes ...`), `symo params --model ...`.
+"""Command line: `symo compile SPEC --model module:factory` (or `--shapes ...`), `symo params`, `symo train`,
+`symo check`, `symo infer`, `symo equivariance`.
 
 Prints the isotypic blocks (labels, multiplicities, irrep dimensions), factor memory against dense
 and against Shampoo, the uncovered parameters, and where the generated code lives.
@@ -7,6 +8,7 @@ and against Shampoo, the uncovered parameters, and where the generated code live
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
@@ -70,12 +72,81 @@ def _parse_sizes(items: list[str]) -> dict[str, int]:
     return sizes
 
 
+def _add_train_parser(sub) -> None:
+    """`symo train`: every TrainConfig field as a --flag (symo/train.py)."""
+    from .train import DEFAULT_LR, OPTIMIZERS, TrainConfig
+
+    t = sub.add_parser("train", help="train a small GPT on Shakespeare (or --data FILE) with Symo, Muon or AdamW",
+                       description="Train a nanoGPT-shaped character model. Under torchrun it runs with DDP.")
+    helps = {
+        "data": "UTF-8 text file (default: the bundled Shakespeare plays)",
+        "out_dir": "run folder for log.csv, loss.png, ckpt.pt (default runs/<data>-<optimizer>-<time>)",
+        "optimizer": f"one of {', '.join(OPTIMIZERS)}",
+        "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
+        "lr": f"learning rate of the hidden matrices (AdamW: of all parameters); default {DEFAULT_LR}",
+        "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
+        "warmup": "linear warm-up steps (then cosine decay to --min-lr-ratio x lr)",
+        "batch_size": "global batch (divided among processes)",
+        "eval_interval": "steps between validation losses (and checkpoints)",
+        "device": "cpu or cuda",
+        "compile": "torch.compile the model",
+        "resume": "continue the run in --out-dir from its ckpt.pt (same settings), bit-identically",
+        "cache_dir": "encoded-corpus cache folder (default: platform cache, or $SYMO_DATA_CACHE)",
+        "sample_chars": "characters sampled at the end (0: none)",
+        "threads": "torch CPU threads per process",
+    }
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "bias":
+            t.add_argument("--no-bias", dest="bias", action="store_false", help="no biases in Linear / LayerNorm")
+        elif f.name == "progress":
+            t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+        elif f.type in ("bool", bool):
+            t.add_argument(flag, action="store_true", help=helps.get(f.name))
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
+            t.add_argument(flag, type=kind, default=f.default, help=helps.get(f.name, "(default %(default)s)"),
+                           choices=OPTIMIZERS if f.name == "optimizer" else None)
+    t.set_defaults(run=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from .checkpoint import CheckpointError
+    from .data import DataError
+    from .train import TrainConfig, train
+
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    try:
+        result = train(TrainConfig(**options))
+    except (CheckpointError, DataError, SpecError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if dist.is_initialized():  # under torchrun
+            dist.destroy_process_group()
+    if result.get("sample") is not None and args.progress:
+        h = result["history"]
+        train_loss = next((v for v in reversed(h["train_loss"]) if v == v), float("nan"))
+        print(f"\nstep {result['steps']}: val loss {result['final_val']:.4f} (train {train_loss:.4f}), "
+              f"{h['elapsed_s'][-1]:.0f} s, {result['ms_per_step']:.0f} ms/step")
+        if result["sample"]:
+            print("\n--- sample ---\n" + result["sample"].strip() + "\n--------------")
+        print(f"loss plot: {result.get('plot') or '(matplotlib missing)'}")
+        print(f"log: {result['run_dir'] / 'log.csv'}   checkpoint: {result['run_dir'] / 'ckpt.pt'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import __version__
 
     parser = argparse.ArgumentParser(prog="symo", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"symo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_train_parser(sub)
     c = sub.add_parser("compile", help="compile a spec and print its structure")
     c.add_argument("spec", help="path to a .toml spec file, or the name of a bundled spec (e.g. gpt_muon)")
     src = c.add_mutually_exclusive_group(required=True)

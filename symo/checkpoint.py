@@ -1,0 +1,68 @@
+"""Training checkpoints: written atomically, read with `weights_only=True`, checked against the run's settings.
+
+A checkpoint holds plain data only (tensors, numbers, strings, lists, dicts), so `torch.load(...,
+weights_only=True)` reads it and loading one never runs code from the file. Writing goes to a temporary
+file in the same folder, which is fsynced and then renamed over the old one: a crash or Ctrl-C during
+the write leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "symo-train-1"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used for this run; the file is left as it was."""
+
+
+def save_checkpoint(path: str | Path, payload: Mapping[str, Any]) -> Path:
+    """torch.save to `path` atomically (temporary file in the same folder, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save({"format": FORMAT, **payload}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def load_checkpoint(path: str | Path, expected: Mapping[str, Any], map_location: str | torch.device = "cpu"
+                    ) -> dict[str, Any]:
+    """Read a checkpoint (weights_only) and check that its settings equal `expected`.
+
+    Raises CheckpointError, naming the file and the settings that differ, for a missing, unreadable
+    or corrupt file and for one written with other model / optimizer / schedule settings.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no checkpoint to resume from; start without --resume, or give the "
+                              "--out-dir of the run to continue")
+    try:
+        blob = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {str(exc)[:200]}); "
+                              "the file is corrupt or not a symo train checkpoint. It was left as it is; "
+                              "start a new run with another --out-dir") from None
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a symo train checkpoint (format {FORMAT!r}); it was left as it is")
+    saved = blob.get("settings", {})
+    diff = {k: (saved.get(k, "<missing>"), v) for k, v in expected.items() if saved.get(k, "<missing>") != v}
+    if diff:
+        lines = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
+        raise CheckpointError(f"{path}: the checkpoint was written with other settings ({lines}). Resume with the "
+                              "checkpoint's settings, or start a new run with another --out-dir; the checkpoint "
+                              "was left as it is")
+    return blob

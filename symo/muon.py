@@ -1,0 +1,115 @@
+"""Muon as its users run it: Newton–Schulz on every hidden 2-D weight, AdamW on everything else.
+
+Written from the published algorithm (Keller Jordan, github.com/KellerJordan/Muon, `muon.py`:
+`zeropower_via_newtonschulz5`, `muon_update`, `MuonWithAuxAdam`). Per hidden matrix W with gradient G:
+
+    m <- beta m + (1 - beta) G ;  u = G.lerp(m, beta) (Nesterov) or m
+    u <- NS5(u) * sqrt(max(1, rows / cols)) ;  W <- (1 - lr wd) W - lr u
+
+NS5: X = u / (||u||_F + 1e-7), transposed when tall, five steps of X <- a X + (b A + c A^2) X with
+A = X X^T and (a, b, c) = (3.4445, -4.7750, 2.0315). The published code runs NS5 in bfloat16 on GPU;
+here it runs in float32 (CPU). Embeddings, the (tied) output head, LayerNorm gains and biases go to AdamW.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz5(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """Muon's quintic Newton–Schulz: an approximate polar factor of the matrix g (float32)."""
+    a, b, c = NS_COEFFS
+    x = g.float()
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / (x.norm() + eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
+    """Muon's default split: 2-D weights that are not embeddings or the output head."""
+    leaf = name.split(".")
+    return param.ndim == 2 and not any(k in leaf for k in ("wte", "wpe", "lm_head", "embed", "embedding"))
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon on hidden matrices plus AdamW on the rest (MuonWithAuxAdam), as one torch optimizer.
+
+    Args:
+        named_params: `model.named_parameters()` or a {name: param} dict; tied parameters appear once.
+        lr, momentum, nesterov, ns_steps, weight_decay: Muon's options for the hidden matrices.
+        adamw_lr, adamw_betas, adamw_eps, adamw_wd: the AdamW for everything else.
+        use_muon: (name, param) -> bool deciding which parameters get Muon (default `is_hidden_matrix`).
+    """
+
+    def __init__(self, named_params: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor], lr: float = 0.02,
+                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5, weight_decay: float = 0.0,
+                 adamw_lr: float = 3e-4, adamw_betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8,
+                 adamw_wd: float = 0.0, use_muon: Callable[[str, torch.Tensor], bool] = is_hidden_matrix) -> None:
+        items = list(named_params.items() if isinstance(named_params, dict) else named_params)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        hidden = [(n, p) for n, p in items if use_muon(n, p)]
+        other = [(n, p) for n, p in items if not use_muon(n, p)]
+        groups = []
+        if hidden:
+            groups.append({"params": [p for _, p in hidden], "param_names": [n for n, _ in hidden], "kind": "muon",
+                           "lr": lr, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps,
+                           "weight_decay": weight_decay})
+        if other:
+            groups.append({"params": [p for _, p in other], "param_names": [n for n, _ in other], "kind": "adamw",
+                           "lr": adamw_lr, "betas": tuple(adamw_betas), "eps": adamw_eps, "weight_decay": adamw_wd})
+        super().__init__(groups, {"lr": lr})
+        self.assignment = {n: g["kind"] for g in self.param_groups for n in g["param_names"]}
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            (self._muon if group["kind"] == "muon" else self._adamw)(group)
+        return loss
+
+    def _muon(self, group: dict) -> None:
+        beta = group["momentum"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf = state["momentum_buffer"]
+            buf.lerp_(p.grad, 1 - beta)
+            u = p.grad.lerp(buf, beta) if group["nesterov"] else buf
+            u = newton_schulz5(u.reshape(len(u), -1), group["ns_steps"])
+            u = u * max(1.0, u.shape[0] / u.shape[1]) ** 0.5
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            p.add_(u.reshape(p.shape).to(p.dtype), alpha=-group["lr"])
+
+    def _adamw(self, group: dict) -> None:
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            st = self.state[p]
+            if "step" not in st:
+                st["step"] = torch.zeros((), dtype=torch.float32)
+                st["exp_avg"] = torch.zeros_like(p)
+                st["exp_avg_sq"] = torch.zeros_like(p)
+            st["step"] += 1
+            t = float(st["step"])
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            st["exp_avg"].lerp_(p.grad, 1 - beta1)
+            st["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            denom = (st["exp_avg_sq"].sqrt() / (1 - beta2 ** t) ** 0.5).add_(group["eps"])
+            p.addcdiv_(st["exp_avg"], denom, value=-group["lr"] / (1 - beta1 ** t))

@@ -1,0 +1,351 @@
+"""`symo train`: train a nanoGPT-shaped character model with Symo, Muon or AdamW.
+
+    symo train                                   # 4-layer GPT on the bundled Shakespeare, Symo (gpt_muon spec)
+    symo train --optimizer adamw --steps 2000 --data my.txt
+    torchrun --nproc_per_node 2 -m symo train    # DistributedDataParallel (gloo on CPU, NCCL on GPU)
+
+A run folder holds `log.csv`, `loss.png` and `ckpt.pt`. The checkpoint is written atomically at every
+evaluation, at the end and on Ctrl-C, and `--resume` continues from it bit-identically: batches are a
+pure function of (seed, step) and the schedule a function of the step, so nothing else needs restoring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .data import Corpus, _mix, load_corpus
+from .models import GPT, GPTConfig
+from .runlog import write_csv, write_plot
+
+OPTIMIZERS = ("symo", "muon", "adamw")
+# Learning rates of the covered (hidden-matrix) parameters; tuned on the comparison benchmark
+# (benchmarks/results/nanogpt_compare.md). Muon and Symo use Muon's scale (update_scale="muon").
+DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 4e-3}
+# Settings a resumed checkpoint must share with the run: they change the model, the optimizer or the
+# sequence of batches and learning rates.
+RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "lr",
+               "adamw_lr", "weight_decay", "warmup", "min_lr_ratio", "batch_size", "steps", "seed")
+
+
+@dataclass
+class TrainConfig:
+    """Every `symo train` option (the command-line flags are these names with dashes)."""
+
+    data: str | None = None            # None: bundled Shakespeare; else a UTF-8 text file
+    out_dir: str | None = None         # run folder; default runs/<data>-<optimizer>-<time>
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 64
+    bias: bool = True
+    optimizer: str = "symo"
+    spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
+    lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
+    adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
+    weight_decay: float = 0.0
+    warmup: int = 20                   # linear warm-up steps, then cosine to min_lr_ratio * lr
+    min_lr_ratio: float = 0.1
+    batch_size: int = 16               # global batch (split over processes)
+    steps: int = 500
+    eval_interval: int = 100
+    eval_batches: int = 8
+    seed: int = 0
+    device: str = "cpu"
+    compile: bool = False
+    sample_chars: int = 300
+    resume: bool = False
+    cache_dir: str | None = None       # encoded-corpus cache; default ~/.cache/symo/data
+    progress: bool = True
+    threads: int | None = None         # torch.set_num_threads (CPU); default: torch's choice
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"--n-embd {self.n_embd} must be a multiple of --n-head {self.n_head}")
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.lr is None:
+            self.lr = DEFAULT_LR[self.optimizer]
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up over `warmup` steps, then cosine from 1 to `min_lr_ratio` at `steps`."""
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
+    named = list(model.named_parameters())
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW([p for _, p in named], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "muon":
+        from .muon import Muon
+
+        return Muon(named, lr=cfg.lr, weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr)
+    import symo
+
+    spec = symo.load_spec(cfg.spec)
+    d_head = cfg.n_embd // cfg.n_head
+    sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
+    return symo.Symo(named, spec, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
+                     adamw_lr=cfg.adamw_lr, sizes=sizes)
+
+
+def _settings(cfg: TrainConfig, corpus: Corpus) -> dict[str, Any]:
+    values = dataclasses.asdict(cfg) | {"data": corpus.name, "vocab": corpus.chars}
+    return {k: values[k] for k in RESUME_KEYS}
+
+
+def _distributed(device: str) -> tuple[int, int]:
+    """(rank, world): joins the process group when started by torchrun (or with RANK/WORLD_SIZE set)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, corpus: Corpus, cfg: TrainConfig, rows: slice, device: str) -> float:
+    """Mean loss over `eval_batches` fixed validation batches (the same ones at every evaluation)."""
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64)
+    for k in range(cfg.eval_batches):
+        x, y = corpus.batch("val", k, cfg.batch_size, cfg.block_size, cfg.seed, rows)
+        total += model(x.to(device), y.to(device))[1].double().cpu()
+    model.train()
+    if dist.is_initialized():
+        dist.all_reduce(total)
+        total /= dist.get_world_size()
+    return float(total) / cfg.eval_batches
+
+
+@torch.no_grad()
+def sample(model: GPT, corpus: Corpus, n_chars: int, seed: int, device: str, temperature: float = 0.8) -> str:
+    """Autoregressive sampling from a newline, at `temperature`, with a seeded generator."""
+    model.eval()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    start = corpus.encode("\n") if "\n" in corpus.chars else torch.zeros(1, dtype=torch.long)
+    idx = start.view(1, -1).to(device)
+    for _ in range(n_chars):
+        logits = model(idx[:, -model.config.block_size:])[0][:, -1] / temperature
+        idx = torch.cat([idx, torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)], dim=1)
+    model.train()
+    return corpus.decode(idx[0, start.numel():].tolist())
+
+
+def train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Train; see `_train` (this wrapper restores torch's thread count when `cfg.threads` changed it)."""
+    previous = torch.get_num_threads()
+    try:
+        return _train(cfg, callback)
+    finally:
+        if cfg.threads:
+            torch.set_num_threads(previous)
+
+
+def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Train; returns {"run_dir", "history", "final_val", "ms_per_step", "sample", ...}.
+
+    `callback(step, row)` runs after every step (tests raise KeyboardInterrupt from it to stand for Ctrl-C).
+    On KeyboardInterrupt a checkpoint is written before the exception propagates.
+    """
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    rank, world = _distributed(cfg.device)
+    if cfg.batch_size % world:
+        raise ValueError(f"--batch-size {cfg.batch_size} must be divisible by the number of processes ({world})")
+    per_rank = cfg.batch_size // world
+    rows = slice(rank * per_rank, (rank + 1) * per_rank) if world > 1 else None
+    device = cfg.device
+    if device.startswith("cuda") and world > 1:
+        device = f"cuda:{rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
+    corpus = load_corpus(cfg.data, cfg.cache_dir)
+    run_dir = _run_dir(cfg, corpus.name, world)
+    ckpt_path = run_dir / "ckpt.pt"
+    settings = _settings(cfg, corpus)
+    blob = None
+    if cfg.resume:
+        blob = load_checkpoint(ckpt_path, settings, map_location=device)
+    elif ckpt_path.exists():
+        raise CheckpointError(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out-dir "
+                              "(the checkpoint was left as it is)")
+
+    torch.manual_seed(cfg.seed)
+    model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.n_layer,
+                          n_head=cfg.n_head, n_embd=cfg.n_embd, bias=cfg.bias)).to(device)
+    opt = build_optimizer(model, cfg)
+    history: dict[str, list[float]] = {"step": [], "lr": [], "train_loss": [], "val_loss": [], "elapsed_s": []}
+    start = 0
+    if blob is not None:
+        try:
+            model.load_state_dict(blob["model"])
+            opt.load_state_dict(blob["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"{ckpt_path}: does not fit this model / optimizer ({str(exc)[:300]}); "
+                                  "the checkpoint was left as it is") from None
+        start, history = int(blob["step"]), blob["history"]
+    base_lrs = [g["lr"] for g in opt.param_groups] if blob is None else blob["base_lrs"]
+    net: torch.nn.Module = model
+    if world > 1:
+        ids = [device] if device.startswith("cuda") else None
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if cfg.compile:
+        net = torch.compile(net)
+
+    def checkpoint(step: int) -> None:
+        if rank == 0:
+            save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                                        "history": history, "base_lrs": base_lrs, "settings": settings})
+            write_csv(run_dir / "log.csv", history)
+
+    lead = rank == 0 and cfg.progress
+    if lead:
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"symo train: {cfg.optimizer} (lr {cfg.lr:g}{', spec ' + cfg.spec if cfg.optimizer == 'symo' else ''}), "
+              f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {n_params / 1e6:.2f}M parameters), "
+              f"{corpus.name} ({len(corpus.ids):,} chars, vocabulary {corpus.vocab_size}), batch {cfg.batch_size}x"
+              f"{cfg.block_size}, {world} process(es) on {cfg.device}\nrun folder: {run_dir}", flush=True)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=start, disable=not lead, unit="step", dynamic_ncols=True)
+    step_times: list[float] = []
+    elapsed0 = history["elapsed_s"][-1] if history["elapsed_s"] else 0.0
+    t_run = time.perf_counter()
+    val = history["val_loss"][-1] if history["val_loss"] else float("nan")
+    if start == 0:
+        val = evaluate(net, corpus, cfg, rows, device)
+        _record(history, 0, float("nan"), float("nan"), val, 0.0)
+    stop = _StopOnInterrupt()
+    clean = True  # the model, optimizer and history agree (no step half done)
+    try:
+        with stop:
+            for step in range(start, cfg.steps):
+                t0 = time.perf_counter()
+                clean = False
+                for g, base in zip(opt.param_groups, base_lrs):
+                    g["lr"] = base * lr_factor(step, cfg)
+                x, y = corpus.batch("train", step, cfg.batch_size, cfg.block_size, cfg.seed, rows)
+                loss = net(x.to(device), y.to(device))[1]
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                loss = loss.detach()
+                if world > 1:
+                    dist.all_reduce(loss)
+                    loss /= world
+                train_loss = float(loss)
+                step_times.append(time.perf_counter() - t0)
+                done = step + 1
+                val = float("nan")
+                if done % cfg.eval_interval == 0 or done == cfg.steps:
+                    val = evaluate(net, corpus, cfg, rows, device)
+                row = _record(history, done, opt.param_groups[0]["lr"], train_loss, val,
+                              elapsed0 + time.perf_counter() - t_run)
+                clean = True
+                if not math.isnan(val):
+                    checkpoint(done)
+                tok_s = cfg.batch_size * cfg.block_size / (sum(step_times[-20:]) / len(step_times[-20:]))
+                last_val = next((v for v in reversed(history["val_loss"]) if not math.isnan(v)), float("nan"))
+                bar.set_postfix_str(f"loss {train_loss:.3f} val {last_val:.3f} {tok_s:,.0f} tok/s", refresh=False)
+                bar.update(1)
+                if callback is not None:
+                    callback(done, row)
+                if stop.requested(world):
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        bar.close()
+        done = int(history["step"][-1])
+        if clean:
+            checkpoint(done)
+        if rank == 0 and cfg.progress:
+            print(f"\ninterrupted: checkpoint of step {done} written to {ckpt_path}; continue with: symo train "
+                  f"--resume --out-dir {run_dir} (and the same options)" if clean else
+                  "\ninterrupted mid-step: the last checkpoint was kept", flush=True)
+        raise
+    bar.close()
+    result: dict[str, Any] = {"run_dir": run_dir, "history": history, "model": model, "corpus": corpus,
+                              "final_val": history["val_loss"][-1], "steps": cfg.steps, "world": world,
+                              "ms_per_step": 1e3 * _median(step_times[min(5, len(step_times) - 1):])
+                              if step_times else float("nan")}
+    if rank == 0:
+        write_csv(run_dir / "log.csv", history)
+        result["plot"] = write_plot(run_dir / "loss.png", history, title=f"{cfg.optimizer} on {corpus.name}")
+        result["sample"] = sample(model, corpus, cfg.sample_chars, cfg.seed, device) if cfg.sample_chars else ""
+    return result
+
+
+def _record(history: dict[str, list[float]], step: int, lr: float, train_loss: float, val: float,
+            elapsed: float) -> dict[str, float]:
+    row = {"step": step, "lr": lr, "train_loss": train_loss, "val_loss": val, "elapsed_s": elapsed}
+    for k, v in row.items():
+        history[k].append(float(v))
+    return row
+
+
+def _median(values: list[float]) -> float:
+    s = sorted(values)
+    return s[len(s) // 2] if s else float("nan")
+
+
+def _run_dir(cfg: TrainConfig, data_name: str, world: int) -> Path:
+    """--out-dir, or runs/<data>-<optimizer>-<time> decided on rank 0 and shared with the other ranks."""
+    if cfg.out_dir:
+        return Path(cfg.out_dir)
+    if cfg.resume:
+        raise CheckpointError("--resume needs --out-dir: the run folder whose ckpt.pt to continue")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = [f"runs/{Path(data_name).stem}-{cfg.optimizer}-{stamp}-{_mix(os.getpid()) % 1000:03d}"]
+    if world > 1:
+        dist.broadcast_object_list(name, src=0)
+    return Path(name[0])
+
+
+class _StopOnInterrupt:
+    """The first Ctrl-C asks the loop to stop after the current step (then a checkpoint is written);
+    a second one interrupts at once. Under several processes the request is shared (all-reduce)."""
+
+    def __init__(self) -> None:
+        self.flag = False
+        self.previous = None
+
+    def _handler(self, signum, frame) -> None:
+        if self.flag:
+            raise KeyboardInterrupt
+        self.flag = True
+
+    def __enter__(self) -> _StopOnInterrupt:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+    def requested(self, world: int) -> bool:
+        if world == 1:
+            return self.flag
+        flag = torch.tensor(float(self.flag))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag)

