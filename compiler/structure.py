@@ -129,6 +129,9 @@ def _fast_code(expr, names: dict) -> str | None:
             return None
         ints = [str(int(f)) for f in expr.args if f.is_Integer]
         return "*".join(ints + sorted(names.get(f, f.name) for f in expr.args if f.is_Symbol))
+    if expr.is_Pow and expr.exp == sympy.Rational(-1, 2) and (expr.base.is_Symbol or expr.base.is_Mul):
+        base = _fast_code(expr.base, names)  # the trivial pieces' normaliser 1/sqrt(n)
+        return None if base is None else f"1/math.sqrt({base})"
     if expr.is_Add:
         terms, const = [], 0
         for term in _flat_terms(expr):
