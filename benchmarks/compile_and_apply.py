@@ -283,8 +283,8 @@ def main() -> None:
         evals, evecs = torch.linalg.eigh(g.T @ g)
         return g @ ((evecs * evals.clamp_min(1e-30).rsqrt()) @ evecs.T)
 
-    # accuracy of both against the float64 polar factor U V^T (float32 Grams lose the smallest
-    # singular directions; Symo zeroes eigenvalues below 8 sqrt(m) eps lambda_max, see symo/linalg.py)
+    # accuracy of both against the float64 polar factor U V^T: a float32 Gram loses the smallest singular
+    # directions; Symo forms undamped Grams of float32 data in float64 (symo/linalg.py, issue 10)
     u, _, vh = torch.linalg.svd(g.double())
     polar = u @ vh
     err_symo = ((symo_path() / n ** 0.5).double() - polar).norm() / polar.norm()
@@ -302,7 +302,8 @@ def main() -> None:
     lines += [f"| {name} | {sec:.4f} | {target} |" for name, sec, target in rows]
     lines += ["", f"Ratio Symo / direct on the {n}x{n} matrix: **{ratio:.2f}x** (target <= 1.5x); "
               f"relative error against the float64 polar factor: Symo {err_symo:.1e}, direct {err_direct:.1e} "
-              "(a square Gaussian matrix has condition number ~1e3-1e4, so its float32 Gram is near singular)"]
+              "(a square Gaussian matrix has condition number ~1e3-1e4, so its float32 Gram is near singular; Symo "
+              "forms it in float64, which is where its extra time goes)"]
     rnn, rnn_lines = rnn_entry(args.reps)
     write_json("rnn", rnn)
     lines += rnn_lines
