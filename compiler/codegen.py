@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import sympy
 
-from .structure import STD, TRIV, Component, Structure, symbol
+from .structure import STD, TRIV, Component, Structure, pycode, symbol
 
-CODEGEN_VERSION = "3"
+CODEGEN_VERSION = "4"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class _Code(str):
 
 
 def _py(expr) -> _Code:
-    return _Code(sympy.pycode(sympy.sympify(expr)))
+    return _Code(pycode(expr))
 
 
 def _shape(exprs) -> str:
@@ -71,6 +71,9 @@ def generate(structure: Structure, key: str) -> GeneratedCode:
     ]
     for sym in sorted(bound.sizes):
         lines.append(f"{sym} = N[{sym!r}]")
+    for ib in structure.blocks:  # running row offsets of blocks with several components
+        for sym, previous, rows in ib.offset_defs:
+            lines.append(f"{sym} = {_py(previous)} + {_py(rows)}")
     lines += [
         "",
         "",
@@ -147,7 +150,7 @@ def _segments(p) -> list[dict[int, tuple[sympy.Expr, sympy.Expr]]]:
         for concrete, atoms in seen:
             length = sympy.Mul(*[symbol(at.symbol) for at in atoms])
             table[concrete] = (start, length)
-            start = start + length
+            start = length if start == 0 else sympy.Add(start, length, evaluate=False)
         out.append(table)
     return out
 
@@ -170,7 +173,7 @@ def _gather_expr(var: str, c: Component, batch, width) -> str:
 
 
 def _scatter_expr(zvar: str, c: Component) -> str:
-    expr = f"{zvar}[:, {_py(c.row_offset)}:{_py(c.row_offset + c.rows)}]"
+    expr = f"{zvar}[:, {_py(c.row_offset)}:{_py(c.row_offset)} + {_py(c.rows)}]"
     expr += f".reshape({_shape(c.batch_shape + c.mult_shape + c.col_shape)})"
     inverse = tuple(sorted(range(len(c.order)), key=lambda i: c.order[i]))
     if list(inverse) != sorted(inverse) and len(inverse) > 1:

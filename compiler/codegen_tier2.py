@@ -17,7 +17,7 @@ from __future__ import annotations
 import sympy
 
 from .codegen import GeneratedCode
-from .structure import NAT, STD, TRIV, Structure, symbol
+from .structure import NAT, STD, TRIV, Structure, pycode, symbol
 from .tier2 import TIER2_VERSION, PairPiece
 
 HELPERS = '''
@@ -177,11 +177,10 @@ class _Printer:
 
     def __init__(self, names: list[str]) -> None:
         self.names = {name: f"_s{i}" for i, name in enumerate(sorted(names))}
-        self.subs = {symbol(name): sympy.Symbol(ident, positive=True, integer=True)
-                     for name, ident in self.names.items()}
+        self.subs = {symbol(name): ident for name, ident in self.names.items()}
 
     def __call__(self, expr) -> str:
-        return sympy.pycode(sympy.sympify(expr).xreplace(self.subs))
+        return pycode(expr, self.subs)
 
     def shape(self, exprs) -> str:
         items = [self(e) for e in exprs]
@@ -213,6 +212,9 @@ def generate_tier2(structure: Structure, key: str) -> GeneratedCode:
     ]
     for name in sorted(sizes):
         lines.append(f"{pr.names[name]} = N[{name!r}]")
+    for ib in structure.blocks:  # running row offsets of blocks with several components
+        for sym, previous, rows in ib.offset_defs:
+            lines.append(f"{sym} = {pr(previous)} + {pr(rows)}")
     lines += HELPERS.splitlines()
     lines += ["", "BLOCKS = ["]
     for ib in structure.blocks:
@@ -306,7 +308,7 @@ def _positions(c) -> list[int]:
 
 
 def _scatter_expr(zvar: str, c, pr: _Printer) -> str:
-    expr = f"{zvar}[:, {pr(c.row_offset)}:{pr(c.row_offset + c.rows)}]"
+    expr = f"{zvar}[:, {pr(c.row_offset)}:{pr(c.row_offset)} + {pr(c.rows)}]"
     outs = []
     for slot, n in zip(c.slots, c.slot_sizes):
         piece = slot.piece
@@ -338,7 +340,7 @@ def _segments(p) -> list[dict[int, tuple[sympy.Expr, sympy.Expr]]]:
         for concrete, atoms in seen:
             length = sympy.Mul(*[symbol(at.symbol) for at in atoms])
             table[concrete] = (start, length)
-            start = start + length
+            start = length if start == 0 else sympy.Add(start, length, evaluate=False)
         out.append(table)
     return out
 

@@ -60,6 +60,10 @@ class IsotypicBlock:
     width: sympy.Expr
     dim: sympy.Expr
     components: tuple[Component, ...]
+    # row offsets and the multiplicity of a block with several components are symbols (_oL0_3, _mL0)
+    # defined by these running sums, each on its predecessor: an offset written out in full would
+    # be a sum over every earlier component, and printing those is quadratic in depth (issue 10).
+    offset_defs: tuple[tuple[sympy.Symbol, sympy.Expr, sympy.Expr], ...] = ()  # (symbol, previous, rows)
 
     @property
     def name(self) -> str:
@@ -77,6 +81,79 @@ class Structure:
 
 def symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, positive=True, integer=True)
+
+
+def pycode(expr, names: dict | None = None) -> str:
+    """Python source for a size expression; `names` renames symbols (Symbol -> identifier).
+
+    Products of symbols and integers (almost every size) are printed directly: sympy's printer
+    costs ~0.2 ms a call, which dominated compile time on deep specs. Anything else goes through
+    sympy.pycode, with the same renaming."""
+    expr = sympy.sympify(expr)
+    fast = _fast_code(expr, names or {})
+    if fast is not None:
+        return fast
+    if names:
+        expr = expr.xreplace({s: sympy.Symbol(v, positive=True, integer=True) for s, v in names.items()
+                              if s in expr.free_symbols})
+    return sympy.pycode(expr)
+
+
+def running_offsets(block_id: str, rows: list[sympy.Expr]) -> tuple[list, sympy.Expr, tuple]:
+    """Row offsets of consecutive components and the total, as symbols defined by running sums.
+
+    Returns (offsets, mult, defs): offsets[0] is 0; each definition (symbol, previous, rows) means
+    symbol = previous + rows (kept apart: building the sympy Add costs more than printing it); with
+    one component mult is its rows and there are no definitions."""
+    if len(rows) <= 1:
+        return [sympy.Integer(0)] * len(rows), (rows[0] if rows else sympy.Integer(0)), ()
+    offsets: list[sympy.Expr] = [sympy.Integer(0)]
+    defs = []
+    for k in range(1, len(rows)):
+        sym = sympy.Symbol(f"_o{block_id}_{k}", integer=True, nonnegative=True)
+        defs.append((sym, offsets[-1], rows[k - 1]))
+        offsets.append(sym)
+    mult = sympy.Symbol(f"_m{block_id}", integer=True, positive=True)
+    defs.append((mult, offsets[-1], rows[-1]))
+    return offsets, mult, tuple(defs)
+
+
+def _fast_code(expr, names: dict) -> str | None:
+    """Sums of products of symbols and integers, printed without sympy's printer; None otherwise."""
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return names.get(expr, expr.name)
+    if expr.is_Mul:
+        if not all(f.is_Symbol or (f.is_Integer and f > 0) for f in expr.args):
+            return None
+        ints = [str(int(f)) for f in expr.args if f.is_Integer]
+        return "*".join(ints + sorted(names.get(f, f.name) for f in expr.args if f.is_Symbol))
+    if expr.is_Pow and expr.exp == sympy.Rational(-1, 2) and (expr.base.is_Symbol or expr.base.is_Mul):
+        base = _fast_code(expr.base, names)  # the trivial pieces' normaliser 1/sqrt(n)
+        return None if base is None else f"1/math.sqrt({base})"
+    if expr.is_Add:
+        terms, const = [], 0
+        for term in _flat_terms(expr):
+            if term.is_Integer:
+                const += int(term)
+                continue
+            code = _fast_code(term, names)
+            if code is None:
+                return None
+            terms.append(code)
+        if const:
+            terms.append(str(const))
+        return " + ".join(terms).replace("+ -", "- ") if terms else "0"
+    return None
+
+
+def _flat_terms(expr):
+    for term in expr.args:
+        if term.is_Add:
+            yield from _flat_terms(term)
+        else:
+            yield term
 
 
 def derive_structure(bound: BoundSpec) -> Structure:
@@ -106,7 +183,8 @@ def derive_structure(bound: BoundSpec) -> Structure:
     blocks = []
     for i, ((label, batch_spaces), members) in enumerate(groups.items()):
         cols = tuple(s for s, _ in label)
-        comps, offset = [], sympy.Integer(0)
+        block_id = f"L{i}"
+        parts = []
         for pname, block, pieces in members:
             atoms = block.atoms
             size = [symbol(a.symbol) for a in atoms]
@@ -114,7 +192,11 @@ def derive_structure(bound: BoundSpec) -> Structure:
             batch_pos = [next(k for k in kept if atoms[k].space == b) for b in batch_spaces]
             col_pos = [next(k for k in kept if atoms[k].space == s) for s in cols]
             mult_pos = [k for k in kept if k not in batch_pos and k not in col_pos]
-            rows = sympy.Mul(*[size[k] for k in mult_pos])
+            parts.append((pname, block, pieces, size, kept, batch_pos, col_pos, mult_pos,
+                          sympy.Mul(*[size[k] for k in mult_pos])))
+        offsets, mult, defs = running_offsets(block_id, [part[-1] for part in parts])
+        comps = []
+        for (pname, block, pieces, size, kept, batch_pos, col_pos, mult_pos, rows), offset in zip(parts, offsets):
             comps.append(Component(
                 param=pname, block=block.index, pieces=pieces,
                 order=tuple(kept.index(k) for k in batch_pos + mult_pos + col_pos),
@@ -123,9 +205,9 @@ def derive_structure(bound: BoundSpec) -> Structure:
                 col_shape=tuple(size[k] for k in col_pos),
                 row_offset=offset, rows=rows,
                 triv_norm=1 / sympy.sqrt(sympy.Mul(*[size[k] for k, p in enumerate(pieces) if p == TRIV]))))
-            offset = offset + rows
         blocks.append(IsotypicBlock(
-            id=f"L{i}", label=label, batch_spaces=batch_spaces, batch=sympy.Mul(*[n[b] for b in batch_spaces]),
-            mult=offset, cols=cols, width=sympy.Mul(*[n[s] for s in cols]),
-            dim=sympy.Mul(*[n[s] - 1 if p == STD else n[s] for s, p in label]), components=tuple(comps)))
+            id=block_id, label=label, batch_spaces=batch_spaces, batch=sympy.Mul(*[n[b] for b in batch_spaces]),
+            mult=mult, cols=cols, width=sympy.Mul(*[n[s] for s in cols]),
+            dim=sympy.Mul(*[sympy.Add(n[s], -1, evaluate=False) if p == STD else n[s] for s, p in label]),
+            components=tuple(comps), offset_defs=defs))
     return Structure(bound=bound, blocks=tuple(blocks))

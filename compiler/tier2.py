@@ -45,10 +45,10 @@ from sympy.polys.matrices import DomainMatrix
 
 from .diagrams import N, Partition, diagrams, gram_matrix
 from .errors import SpecError
-from .structure import NAT, STD, TRIV, IsotypicBlock, Structure, symbol
+from .structure import NAT, STD, TRIV, IsotypicBlock, Structure, running_offsets, symbol
 from .validate import BoundSpace, BoundSpec
 
-TIER2_VERSION = "1"
+TIER2_VERSION = "2"
 
 # label piece ("irrep") per pair-piece, with its frame width as a power of n (1: vector, 2: matrix)
 ALT, SYM, DIAG = "alt", "sym", "diag"
@@ -388,22 +388,27 @@ def derive_tier2(bound: BoundSpec) -> Structure:
 
     blocks = []
     for i, ((label, batch_spaces), members) in enumerate(groups.items()):
-        comps, offset = [], sympy.Integer(0)
+        block_id = f"L{i}"
+        parts = []
         for pname, block, slots in members:
             atoms = block.atoms
             slot_atoms = [k for sl in slots for k in sl.atoms]
             batch_pos = [next(k for k, a in enumerate(atoms) if a.space == b) for b in batch_spaces]
             mult_pos = [k for k in range(len(atoms)) if k not in slot_atoms and k not in batch_pos]
             size = [symbol(a.symbol) for a in atoms]
-            rows = sympy.Mul(*[size[k] for k in mult_pos])
+            parts.append((pname, block, slots, slot_atoms, batch_pos, mult_pos, size,
+                          sympy.Mul(*[size[k] for k in mult_pos])))
+        offsets, mult, defs = running_offsets(block_id, [part[-1] for part in parts])
+        comps = []
+        for (pname, block, slots, slot_atoms, batch_pos, mult_pos, size, rows), offset in zip(parts, offsets):
             comps.append(Component2(
                 param=pname, block=block.index, slots=tuple(slots), canon=tuple(batch_pos + mult_pos + slot_atoms),
                 batch_shape=tuple(size[k] for k in batch_pos), mult_shape=tuple(size[k] for k in mult_pos),
                 slot_sizes=tuple(nsym[sl.space] for sl in slots), row_offset=offset, rows=rows))
-            offset = offset + rows
         width = sympy.Mul(*[frame_width(p, nsym[s]) for s, p in label])
         dim = sympy.Mul(*[irrep_dim(spaces[s].group, p, nsym[s]) for s, p in label])
         blocks.append(IsotypicBlock(
-            id=f"L{i}", label=label, batch_spaces=batch_spaces, batch=sympy.Mul(*[nsym[b] for b in batch_spaces]),
-            mult=offset, cols=tuple(s for s, _ in label), width=width, dim=dim, components=tuple(comps)))
+            id=block_id, label=label, batch_spaces=batch_spaces, batch=sympy.Mul(*[nsym[b] for b in batch_spaces]),
+            mult=mult, cols=tuple(s for s, _ in label), width=width, dim=dim, components=tuple(comps),
+            offset_defs=defs))
     return Structure(bound=bound, blocks=tuple(blocks))

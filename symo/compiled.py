@@ -35,8 +35,9 @@ class BlockInfo:
 
     @property
     def root_form(self) -> bool:
-        """A single gradient's factor has rank <= width, so store Y / sqrt(d) when width < mult."""
-        return self.width < self.mult
+        """A single gradient's factor has rank <= width, so store Y / sqrt(d) when width <= mult
+        (for a square block the root costs the same memory and keeps the gradient's own precision)."""
+        return self.width <= self.mult
 
 
 class CompiledSpec:

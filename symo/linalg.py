@@ -14,6 +14,11 @@ import torch
 # retry in float64 only if the float32 solver fails to converge.
 FLOAT64_EIGH_MAX = 512
 
+# Undamped powers of Grams of float32 (or lower) data: the Gram of the smaller side is formed and
+# decomposed in float64 up to this size (issue 10). A float32 Gram cannot resolve singular values below
+# ~sqrt(eps32) sigma_max ~ 3e-4 sigma_max, and a square Gaussian matrix has real ones there.
+ACCURATE_GRAM_MAX = 2048
+
 # Muon's quintic Newton–Schulz coefficients (Keller Jordan, 2024).
 MUON_COEFFS = (3.4445, -4.7750, 2.0315)
 
@@ -60,12 +65,45 @@ def sym_power(a: torch.Tensor, p: float, damping: float = 0.0,
     return ((evecs * f.unsqueeze(-2)) @ evecs.transpose(-1, -2)).to(a.dtype)
 
 
+def _accurate(data: torch.Tensor, damping: float, absolute: bool) -> bool:
+    """Take the float64 route: undamped (relative) power of data below float64 with a small Gram side."""
+    return (damping == 0 and not absolute and data.dtype != torch.float64
+            and min(data.shape[-2], data.shape[-1]) <= ACCURATE_GRAM_MAX)
+
+
+def _float64_gram_eigh(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """eigh of F^T F formed in float64, and the zero threshold for F's own precision.
+
+    The float64 Gram of the data as stored is exact to float64 rounding, so its eigenvalues resolve
+    every singular value the data holds. What separates a true zero from a real direction is then the
+    rounding of the data itself: entries off by eps(data) make singular values of at most
+    eps ||F||_F <= eps sqrt(r) sigma_max, so eigenvalues below 8 size eps(data)^2 lambda_max are zeros
+    (sigma below ~1e-5 sigma_max for float32 at size 1024): rank-deficient gradients cannot blow up."""
+    f64 = f.to(torch.float64)
+    evals, evecs = torch.linalg.eigh(f64.transpose(-1, -2) @ f64)
+    size = max(f.shape[-2], f.shape[-1])
+    lam_max = evals.amax(dim=-1, keepdim=True).clamp_min(0)
+    return evals, evecs, lam_max * (8 * size * torch.finfo(f.dtype).eps ** 2)
+
+
+def _undamped(evals: torch.Tensor, tol: torch.Tensor, p: float) -> torch.Tensor:
+    keep = evals > tol
+    return torch.where(keep, torch.where(keep, evals, torch.ones_like(evals)).pow(p), torch.zeros_like(evals))
+
+
 def root_power(f: torch.Tensor, p: float, damping: float = 0.0,
                float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:
-    """For S = F F^T with F (..., m, r), r < m: a root F' with S^p = F' F'^T, using only the r x r Gram.
+    """For S = F F^T with F (..., m, r), r <= m: a root F' with S^p = F' F'^T, using only the r x r Gram.
 
     F^T F = W L W^T, so S = (F W L^{-1/2}) L (F W L^{-1/2})^T and S^p has the root F W (f(L) / L)^{1/2}.
+    Undamped powers of float32 roots form and decompose the Gram in float64 (see `_float64_gram_eigh`).
     """
+    if _accurate(f, damping, False):
+        evals, evecs, tol = _float64_gram_eigh(f)
+        fl = _undamped(evals, tol, p)
+        scale = torch.where(fl > 0, (fl / torch.where(fl > 0, evals, torch.ones_like(evals))).sqrt(),
+                            torch.zeros_like(fl))
+        return (f.to(torch.float64) @ (evecs * scale.unsqueeze(-2))).to(f.dtype)
     gram = f.transpose(-1, -2) @ f
     evals, evecs = _eigh(gram, float64_max)
     fl = spectral_fn(evals, p, damping, max(f.shape[-2], f.shape[-1]), f.dtype)
@@ -97,9 +135,18 @@ def gram_power_apply(y: torch.Tensor, p: float, dim: int, damping: float = 0.0, 
     """(Y Y^T / dim)^p Y for Y (..., m, n) through the smaller Gram matrix (docs/theory.md).
 
     f(Y Y^T) Y = Y f(Y^T Y) for every spectral function f, damping and pseudo-inverse included, so an
-    m x n block costs one min(m, n)-sized eigh.
+    m x n block costs one min(m, n)-sized eigh. Undamped powers of float32 data go through a float64
+    Gram (see `_float64_gram_eigh`).
     """
     yt = y.transpose(-1, -2)
+    if _accurate(y, damping, absolute):
+        wide = y.shape[-2] <= y.shape[-1]
+        f = yt if wide else y  # the root whose Gram is the smaller side
+        evals, evecs, tol = _float64_gram_eigh(f)
+        fl = _undamped(evals / dim, tol / dim, p)
+        power = (evecs * fl.unsqueeze(-2)) @ evecs.transpose(-1, -2)
+        y64 = y.to(torch.float64)
+        return (power @ y64 if wide else y64 @ power).to(y.dtype)
     if y.shape[-2] <= y.shape[-1]:
         return sym_power((y @ yt) / dim, p, damping, float64_max, absolute=absolute) @ y
     return y @ sym_power((yt @ y) / dim, p, damping, float64_max, absolute=absolute)

@@ -109,6 +109,13 @@ class SymoConfig:
     adamw_wd: float = 0.0
     check_finite: bool = True
     """Raise NonFiniteGradientError naming the parameter when a gradient holds NaN/inf (one sync)."""
+    batch_blocks: bool = True
+    """Muon path: stack blocks of the same shape and constants (every layer's heads, every layer's MLP)
+    along the batch axis and run one batched matrix function for them. False: one call per block
+    (the same result up to float rounding)."""
+    ns_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Precision of the polar Newton–Schulz iterations (Muon runs them in bfloat16 on GPUs); the
+    input and output stay in the statistic's dtype."""
     compile: bool = False
     """torch.compile(fullgraph=True) the Muon-style hot path (beta2 = 0, frequency 1, gradient
     estimator, no geometric mean): momentum -> coordinates -> polar -> scatter."""
@@ -125,6 +132,7 @@ class SymoConfig:
             (self.power < 0.0, "power must be negative (it is applied to the curvature)"),
             (self.precondition_frequency >= 1, "precondition_frequency must be >= 1"),
             (self.update_scale in ("natural", "muon", "adamw"), "update_scale must be natural|muon|adamw"),
+            (self.ns_dtype in ("float32", "bfloat16"), "ns_dtype must be 'float32' or 'bfloat16'"),
             (self.backend in ("auto", "eigh", "newton_schulz"), "backend must be auto|eigh|newton_schulz"),
             (self.backend != "newton_schulz" or (self.power == -0.5 and self.geometric_mean_with is None),
              "the newton_schulz backend computes the -1/2 power only (power = -0.5, no geometric mean)"),
@@ -360,7 +368,8 @@ class Symo(torch.optim.Optimizer):
             if c["backend"] == "newton_schulz":
                 # batch 1 (a whole matrix): plain 2-D GEMMs, faster than bmm and rounding like Muon's
                 y2 = y[0] if y.shape[0] == 1 else y
-                z = newton_schulz(y2, cfg.ns_steps, cfg.ns_coeffs).reshape(y.shape)
+                work = y2.to(torch.bfloat16) if cfg.ns_dtype == "bfloat16" else y2
+                z = newton_schulz(work, cfg.ns_steps, cfg.ns_coeffs).to(y.dtype).reshape(y.shape)
                 # sqrt(d) polar(Y) is the natural scale; fold it into the convention's factor
                 return self._finish(z, c, last=True, extra=math.sqrt(c["dim"]))
             z = gram_power_apply(y, cfg.power, c["dim"], cfg.damping, absolute=absolute)
@@ -553,12 +562,27 @@ def _fast_directions_static(opt: Symo, names, grads, bufs, betas, nesterovs) -> 
     consts = opt._stages[0].consts
     present = set(names)
     zs = {}
+    groups: dict[tuple, list[str]] = {}  # same shape and constants -> one batched call
     for b in comp.blocks:
         c = consts[b.id]
         if present.isdisjoint(c["params"]):
             zs[b.id] = torch.zeros_like(ys[b.id])
+        elif opt.config.batch_blocks:
+            key = (tuple(ys[b.id].shape), tuple(ss[b.id].shape), c["dim"], c["backend"], c["scale"], c["dof"])
+            groups.setdefault(key, []).append(b.id)
         else:
             zs[b.id] = opt._fast_block(ys[b.id], ss[b.id], c)
+    for ids in groups.values():
+        c = consts[ids[0]]
+        if len(ids) == 1:
+            zs[ids[0]] = opt._fast_block(ys[ids[0]], ss[ids[0]], c)
+            continue
+        # blocks are (batch, mult, width) and every matrix function acts per batch element, so
+        # stacking along the batch axis computes the same thing in one call
+        y = torch.cat([ys[i] for i in ids])
+        s = y if ss is ys else torch.cat([ss[i] for i in ids])
+        for i, z in zip(ids, opt._fast_block(y, s, c).split([ys[i].shape[0] for i in ids])):
+            zs[i] = z
     return comp.scatter(zs)
 
 
