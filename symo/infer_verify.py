@@ -7,6 +7,7 @@ touches a 50k x 768 embedding costs a gather, not a dense product.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -95,22 +96,53 @@ def element_matrices(element: Mapping[str, tuple]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _apply(x: torch.Tensor, action: tuple, k: int, j: int | None) -> torch.Tensor:
-    """Act along atom k; j is the owner atom for a per-owner element (one element per owner index)."""
+class Workspace:
+    """The float64 parameters the check runs on, moved in place and put back from the model's own tensors.
+
+    A float64 GPT-2 124M is 1 GB, and the first touch of fresh memory costs more than the group action itself:
+    so the float64 copy is made once, A_g w is written into it from the untouched originals (`source`, whose
+    conversion to float64 is exact), and a tensor moved by one element but not the next is copied back from its
+    original. Scratch buffers (one flat buffer per role, grown on demand) carry the steps in between."""
+
+    def __init__(self, source: Mapping[str, torch.Tensor]) -> None:
+        self.source = dict(source)
+        self.work = {n: t.to(torch.float64, copy=True) if t.is_floating_point() else t for n, t in self.source.items()}
+        self.dirty: set[str] = set()
+        self.scratch: list[torch.Tensor | None] = [None, None, None]
+
+    def step(self, i: int, shape: list[int]) -> torch.Tensor:
+        numel = math.prod(shape)
+        buf = self.scratch[i]
+        ref = next(iter(self.work.values()))
+        if buf is None or buf.numel() < numel:
+            buf = self.scratch[i] = torch.empty(numel, dtype=torch.float64, device=ref.device)
+        return buf[:numel].view(shape)
+
+
+def _apply(x: torch.Tensor, action: tuple, k: int, j: int | None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Act along atom k; j is the owner atom for a per-owner element (one element per owner index).
+    `out` (contiguous, x's shape, not x) receives the result when given; permutations then allocate nothing."""
     action = tuple(a.to(x.device) if isinstance(a, torch.Tensor) else a for a in action)  # sampled on the CPU
-    if j is None:
-        if action[0] == "orth":
-            return torch.movedim(torch.tensordot(action[1][0].to(x.dtype), x, dims=([1], [k])), 0, k)
+    if j is None and action[0] == "perm":
         idx, signs = action[1][0], action[2]
         shape = [1] * x.dim()
         shape[k] = -1
         if k == 0:
-            x = x.index_select(0, idx)
+            x = torch.index_select(x, 0, idx, out=out) if out is not None else x.index_select(0, idx)
         else:  # gather reads rows contiguously; index_select along an inner axis is several times slower
-            x = torch.gather(x, k, idx.view(shape).expand(x.shape))
+            index = idx.view(shape).expand(x.shape)
+            x = torch.gather(x, k, index, out=out) if out is not None else torch.gather(x, k, index)
         if signs is not None:
             x.mul_(signs[0].to(x.dtype).view(shape))
         return x
+    y = _apply_alloc(x, action, k, j)
+    return out.copy_(y) if out is not None else y
+
+
+def _apply_alloc(x: torch.Tensor, action: tuple, k: int, j: int | None) -> torch.Tensor:
+    if j is None:  # orthogonal
+        return torch.movedim(torch.tensordot(action[1][0].to(x.dtype), x, dims=([1], [k])), 0, k)
     x = torch.movedim(x, (j, k), (0, 1))
     shape = x.shape
     if action[0] == "orth":
@@ -128,34 +160,53 @@ def act(bound: BoundSpec, element: Mapping[str, tuple], params: Mapping[str, tor
     out = dict(params)
     for p in bound.params:
         blocks = [b for b in p.blocks if any(a.space in element for a in b.atoms)]
-        if not blocks:
-            continue
-        t = params[p.name]
-        if len(p.blocks) == 1 and all(n == length for n, (_, length) in zip(t.shape, p.blocks[0].slices)):
-            b = p.blocks[0]  # the whole tensor is one block: no copy of the untouched parts
-            x = t.reshape([a.size for a in b.atoms])
-            for k, atom in enumerate(b.atoms):
-                if atom.space in element:
-                    owner = bound.spaces[atom.space].per
-                    j = next(i for i, a in enumerate(b.atoms) if a.space == owner) if owner else None
-                    x = _apply(x, element[atom.space], k, j)
-            out[p.name] = x.reshape(t.shape)
-            continue
-        new = t.clone()
-        for b in blocks:
-            view, target = t, new
-            for axis, (start, length) in enumerate(b.slices):
-                view, target = view.narrow(axis, start, length), target.narrow(axis, start, length)
-            x = view.reshape([a.size for a in b.atoms])
-            for k, atom in enumerate(b.atoms):
-                if atom.space not in element:
-                    continue
-                owner = bound.spaces[atom.space].per
-                j = next(i for i, a in enumerate(b.atoms) if a.space == owner) if owner else None
-                x = _apply(x, element[atom.space], k, j)
-            target.copy_(x.reshape(target.shape))
-        out[p.name] = new
+        if blocks:
+            out[p.name] = _act_blocks(bound, element, p, blocks, params[p.name].clone())
     return out
+
+
+def act_in_place(bound: BoundSpec, element: Mapping[str, tuple], ws: Workspace) -> dict[str, torch.Tensor]:
+    """`act` on the workspace's float64 parameters, computed from the originals into memory that is already
+    mapped: a permutation costs one gather and allocates nothing. Returns ws.work (valid until the next call)."""
+    touched = {p.name: [b for b in p.blocks if any(a.space in element for a in b.atoms)] for p in bound.params}
+    touched = {n: blocks for n, blocks in touched.items() if blocks}
+    for name in ws.dirty - set(touched):
+        ws.work[name].copy_(ws.source[name])
+    ws.dirty = set(touched)
+    for p in bound.params:
+        if p.name not in touched:
+            continue
+        src, dst = ws.source[p.name], ws.work[p.name]
+        if len(p.blocks) == 1 and all(n == length for n, (_, length) in zip(src.shape, p.blocks[0].slices)):
+            b = p.blocks[0]  # the whole tensor is one block
+            sizes = [a.size for a in b.atoms]
+            x = src.reshape(sizes) if src.dtype == torch.float64 else ws.step(2, sizes).copy_(src.reshape(sizes))
+            moving = [k for k, atom in enumerate(b.atoms) if atom.space in element]
+            for step, k in enumerate(moving):  # the last step writes the result, the others alternate scratch
+                dest = dst.view(sizes) if step == len(moving) - 1 else ws.step(step % 2, sizes)
+                x = _apply(x, element[b.atoms[k].space], k, _owner_axis(bound, b, k), out=dest)
+            continue
+        _act_blocks(bound, element, p, touched[p.name], dst.copy_(src))
+    return ws.work
+
+
+def _owner_axis(bound: BoundSpec, block, k: int) -> int | None:
+    owner = bound.spaces[block.atoms[k].space].per
+    return next(i for i, a in enumerate(block.atoms) if a.space == owner) if owner else None
+
+
+def _act_blocks(bound: BoundSpec, element: Mapping[str, tuple], p, blocks: list, new: torch.Tensor) -> torch.Tensor:
+    """Act on `new` (a float64 copy of the original tensor) block by block, in place."""
+    for b in blocks:
+        target = new
+        for axis, (start, length) in enumerate(b.slices):
+            target = target.narrow(axis, start, length)
+        x = target.reshape([a.size for a in b.atoms])
+        for k, atom in enumerate(b.atoms):  # each step returns a fresh tensor, so reading `target` is safe
+            if atom.space in element:
+                x = _apply(x, element[atom.space], k, _owner_axis(bound, b, k))
+        target.copy_(x.reshape(target.shape))
+    return new
 
 
 class OutputCheck:
@@ -163,7 +214,8 @@ class OutputCheck:
 
     def __init__(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         self.model = model
-        self.params = {n: _to64(p) for n, p in model.named_parameters()}
+        self.workspace = Workspace({n: p.detach() for n, p in model.named_parameters()})
+        self.params = self.workspace.work  # float64; equal to the model's parameters except during a trial
         self.buffers = {n: _to64(b).clone() for n, b in model.named_buffers()}
         self.args, self.kwargs = _to64(tuple(args)), _to64(dict(kwargs))
         self.forwards = 0
@@ -206,6 +258,6 @@ class OutputCheck:
             element = sample_element(spaces, gen)
             if not element:
                 return 0.0
-            moved = self.run(act(bound, element, self.params))
+            moved = self.run(act_in_place(bound, element, self.workspace))
             worst = max(worst, float((moved - self.base).norm()) / max(self.base_norm, 1e-300))
         return worst

@@ -451,6 +451,39 @@ def test_index_action_matches_dense_group_matrices():
         torch.testing.assert_close(ours[n], ref[n], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_in_place_action_matches_dense_matrices_across_successive_elements(dtype):
+    """The check's in-place workspace (A_g w written from the originals, tensors put back when the next element
+    leaves them alone) equals CompiledSpec.act with dense matrices on fresh float64 copies, element after element
+    on different sets of spaces, and never writes the model's own parameters (a float64 model shares dtype)."""
+    from symo.infer_verify import Workspace, act_in_place
+
+    model = tiny_gpt().to(dtype)
+    spec = infer_spec(model)
+    compiled = symo.compile(spec, model, disk_cache=False)
+    bound = bind(spec, symo.compiler.shapes_of(model))
+    originals = {n: p.detach().clone() for n, p in model.named_parameters()}
+    w = {n: t.to(torch.float64) for n, t in originals.items()}
+    ws = Workspace({n: p.detach() for n, p in model.named_parameters()})
+    spaces = {n: (sp.group, sp.size, bound.spaces[sp.per].size if sp.per else 1) for n, sp in bound.spaces.items()}
+    spaces["c_fc0"] = ("signed_perm",) + spaces["c_fc0"][1:]  # exercise sign flips too
+    names = sorted(spaces)
+    gen = torch.Generator().manual_seed(5)
+    for subset in (names, names[::2], names[1::2], ["c_fc0"], names):
+        element = sample_element({n: spaces[n] for n in subset}, gen)
+        dense = element_matrices(element)
+        dense.update({n: torch.eye(sp.size, dtype=torch.float64).expand(spaces[n][2], -1, -1)
+                      for n, sp in bound.spaces.items() if n not in element})
+        ours, ref = act_in_place(bound, element, ws), compiled.act(dense, w)
+        for n in w:
+            assert ours[n].dtype == torch.float64
+            torch.testing.assert_close(ours[n], ref[n], rtol=0, atol=1e-12)
+    moved = sum(not torch.equal(ours[n], w[n]) for n in w)
+    assert moved > 0
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), originals[n])
+
+
 def test_cli_infer_writes_a_spec_and_check_reads_it(tmp_path, capsys):
     from symo.cli import main
 
