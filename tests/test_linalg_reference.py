@@ -132,15 +132,18 @@ def test_root_power_is_a_root_of_the_power():
         assert rel(r @ r.transpose(-1, -2), want) < 1e-10, (p, damping)
 
 
-def test_root_power_float32_tolerance_uses_the_larger_side():
-    """A float32 root: the zero tolerance is 8 sqrt(max(m, r)) eps32, so an eigenvalue at 1e-7 relative (a
-    singular value 3e-4) is zero for m = 7 only because eps is float32's."""
+def test_root_power_float32_undamped_keeps_what_float32_data_resolves():
+    """An undamped float32 root: the Gram is formed in float64 and eigenvalues at or below
+    8 max(m, r) eps32^2 lambda_max are zeros. A singular value at 3e-4 relative is real data (kept: the
+    old float32-Gram rule, 8 sqrt(m) eps32 on eigenvalues, dropped it), one at 1e-9 is rounding (zero)."""
+    zero_rel = 8 * 7 * torch.finfo(torch.float32).eps ** 2
     u, _ = torch.linalg.qr(torch.randn(7, 2, dtype=F64))
-    f = (u * torch.tensor([1.0, 3e-4], dtype=F64)).float()
-    r = root_power(f, -0.5).double()
-    assert rel(r @ r.T, ref_power(f.double() @ f.double().T, -0.5,
-                                  zero_rel=8 * math.sqrt(7) * torch.finfo(torch.float32).eps)) < 1e-5
-    assert torch.linalg.matrix_rank(r @ r.T, rtol=1e-6) == 1
+    for small, rank in [(3e-4, 2), (1e-9, 1)]:
+        f = (u * torch.tensor([1.0, small], dtype=F64)).float()
+        r = root_power(f, -0.5).double()
+        want = ref_power(f.double() @ f.double().T, -0.5, zero_rel=zero_rel)
+        assert rel(r @ r.T, want) < 1e-5, small
+        assert torch.linalg.matrix_rank(r @ r.T, rtol=1e-12) == rank, small
 
 
 @pytest.mark.parametrize("shape", [(3, 4, 9), (3, 9, 4)])
