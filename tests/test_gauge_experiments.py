@@ -1,37 +1,17 @@
 """benchmarks/gauge_twins.py and benchmarks/hyperspectral.py (issue 11): the pieces the full runs rely on."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from bench_loader import load_benchmark, one_thread  # noqa: F401  (one_thread: a fixture)
 from torch.nn import functional as F
 
 import symo
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+tw = load_benchmark("gauge_twins")
+hs = load_benchmark("hyperspectral")
 
-
-def _load(name):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tw = _load("gauge_twins")
-hs = _load("hyperspectral")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small matmuls: one thread avoids OpenMP spin-waits on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _small_model():

@@ -1,35 +1,15 @@
 """benchmarks/matrix_sensing.py (issue 11): problem generation, the nuclear-norm reference, and the batched
 trainer used by the dial and the tail against the zoo optimizers and symo.Symo run one at a time."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from bench_loader import load_benchmark, one_thread  # noqa: F401  (one_thread: a fixture)
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sc = load_benchmark("sensing_core")
 
-
-def _load(name):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sc = _load("sensing_core")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny GEMVs: one thread avoids OpenMP spin-waits on a loaded 2-core machine (a 20x slowdown here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_problem_follows_the_protocol():
@@ -111,7 +91,7 @@ def test_select_lr_prefers_interpolating_runs():
 
 
 def test_quick_mode_writes_the_outputs(tmp_path):
-    ms = _load("matrix_sensing")
+    ms = load_benchmark("matrix_sensing")
     data = ms.main(["--quick", "--part", "nuclear", "--workers", "1", "--out", str(tmp_path)])
     assert data["nuclear_norm"]["recovery_mean"] < 1e-3
     assert (tmp_path / "matrix_sensing.md").exists() and (tmp_path / "matrix_sensing.json").exists()
