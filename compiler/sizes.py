@@ -59,7 +59,16 @@ def solve_sizes(equations: list[AxisEquation], known: Mapping[str, int], source:
         open_eqs = [eq for eq in equations if any(x not in sizes for t in eq.terms for x in t)]
         if not open_eqs:
             break
-        _solve_jointly(open_eqs, sizes, origin, source, decl_of or {})
+        try:
+            _solve_jointly(open_eqs, sizes, origin, source, decl_of or {})
+        except SpecError as exc:
+            # a free component is reported only if the rest of the system is consistent: an axis that
+            # contradicts elsewhere is the more useful error (and the system has no solution at all)
+            if "cannot infer" in str(exc):
+                elsewhere = _inconsistency_elsewhere(equations, open_eqs, sizes, source, decl_of)
+                if elsewhere is not None:
+                    raise elsewhere from None
+            raise
     for eq in equations:
         total = sum(math.prod(sizes[x] for x in t) for t in eq.terms)
         if total != eq.length:
@@ -98,16 +107,34 @@ def _propagate(equations: list[AxisEquation], sizes: dict[str, int], origin: dic
             changed = True
 
 
-def _solve_jointly(open_eqs: list[AxisEquation], sizes: dict[str, int], origin: dict, source: str,
-                   decl_of: Mapping[str, str]) -> None:
-    """sympy on one connected set of unknowns (the first); raises unless it has exactly one solution."""
-    # connected components of unknowns: equations sharing an unknown belong together
+def _component(open_eqs: list[AxisEquation], sizes: Mapping[str, int]) -> set[str]:
+    """The unknowns connected to the first open equation (equations sharing an unknown belong together)."""
     component: set[str] = set()
     frontier = {x for t in open_eqs[0].terms for x in t if x not in sizes}
     while frontier:
         component |= frontier
         frontier = {x for eq in open_eqs for t in eq.terms for x in t
                     if x not in sizes and not component.isdisjoint(y for s in eq.terms for y in s)} - component
+    return component
+
+
+def _inconsistency_elsewhere(equations: list[AxisEquation], open_eqs: list[AxisEquation], sizes: dict[str, int],
+                             source: str, decl_of: Mapping[str, str] | None) -> SpecError | None:
+    """The error of the system without the first open component, if it is inconsistent (not merely free)."""
+    component = _component(open_eqs, sizes)
+    rest = [eq for eq in equations if component.isdisjoint(x for t in eq.terms for x in t)]
+    try:
+        solve_sizes(rest, dict(sizes), source, decl_of)
+    except SpecError as exc:
+        if "cannot infer" not in str(exc):
+            return exc
+    return None
+
+
+def _solve_jointly(open_eqs: list[AxisEquation], sizes: dict[str, int], origin: dict, source: str,
+                   decl_of: Mapping[str, str]) -> None:
+    """sympy on one connected set of unknowns (the first); raises unless it has exactly one solution."""
+    component = _component(open_eqs, sizes)
     eqs = [eq for eq in open_eqs if not component.isdisjoint(x for t in eq.terms for x in t)]
     # sympy solves for the first symbols and leaves the last ones free: put last the sizes a user
     # would rather give (those in most axes and segments: head before d_head), so the hint names them

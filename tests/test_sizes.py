@@ -175,7 +175,8 @@ def brute_force(params, used, given, shapes) -> list[dict[str, int]]:
     return out
 
 
-@settings(max_examples=60, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(systems())
 def test_joint_sizes_match_brute_force(system) -> None:
     params, used, given, shapes = system
