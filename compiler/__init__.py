@@ -21,10 +21,12 @@ from typing import Any
 
 from .cache import DiskCache, default_cache_dir
 from .codegen import CODEGEN_VERSION, GeneratedCode, generate
+from .codegen_template import generate_templated
 from .codegen_tier2 import generate_tier2
 from .errors import SpecError
 from .parse import GROUPS, ParamRule, SpaceDecl, Spec, load_spec, parse_spec
 from .structure import IsotypicBlock, Structure, derive_structure
+from .templates import TEMPLATES_VERSION, TemplatePlan, find_families
 from .tier2 import derive_tier2, is_tier2, key_material
 from .validate import BoundSpec, bind, shapes_of
 
@@ -60,18 +62,25 @@ class _Entry:
 _MEMORY: dict[str, _Entry] = {}
 
 
-def cache_key(spec: Spec, bound: BoundSpec) -> str:
-    """Content address of the generated source: spec text (canonical) and layout, never sizes."""
-    text = f"v{CODEGEN_VERSION}|{bound.name}|{spec.canonical()}|{bound.layout_material()}{key_material(bound)}"
+def cache_key(spec: Spec, bound: BoundSpec, plan: TemplatePlan | None = None) -> str:
+    """Content address of the generated source: spec text (canonical) and layout, never sizes; a
+    layout compiled with families (compiler.templates) is marked, so its source never mixes with
+    the per-layer one (the keys of specs without families are as before)."""
+    templates = f"|templates v{TEMPLATES_VERSION}" if plan is not None else ""
+    text = (f"v{CODEGEN_VERSION}|{bound.name}|{spec.canonical()}|{bound.layout_material()}{key_material(bound)}"
+            f"{templates}")
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
 def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None,
-                 cache_dir: str | Path | None = None, disk_cache: bool = True) -> GeneratedModule:
+                 cache_dir: str | Path | None = None, disk_cache: bool = True,
+                 templates: bool = True) -> GeneratedModule:
     """Run the pipeline. `shapes` is {name: shape} or an nn.Module; `sizes` sets space sizes that the
-    shapes leave open (see `bind`). Nothing is cached from a failed compile."""
+    shapes leave open (see `bind`). Nothing is cached from a failed compile. `templates=False`
+    derives every layer on its own even where layers form families (the reference path of the tests)."""
     bound = bind(spec, shapes_of(shapes), sizes)
-    key = cache_key(spec, bound)
+    plan = template_plan(bound) if templates else None
+    key = cache_key(spec, bound, plan)
     values = bound.sizes
     binding = tuple(sorted(values.items()))
     disk = _disk(cache_dir) if disk_cache else None
@@ -98,7 +107,7 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
             except Exception:  # an entry that does not load (whatever the reason): rebuild it
                 source = None
         if source is None:
-            source = generate_source(bound, key)
+            source = generate_source(bound, key, plan)
             target = disk.path(key) if disk is not None and disk.usable else Path(f"<symo-generated-{key[:12]}>")
             try:  # load first: a module that fails to load is never written to the cache
                 namespace = _execute(source, target, values)
@@ -117,10 +126,18 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
     return GeneratedModule(key, entry.source, path, namespace, bound, origin)
 
 
-def generate_source(bound: BoundSpec, key: str) -> str:
-    """Tier 1 for specs whose spaces occur at most once per block, tier 2 (docs/theory.md) otherwise."""
+def template_plan(bound: BoundSpec) -> TemplatePlan | None:
+    """The families of a tier-1 layout (compiler.templates); None for tier 2 or when there are none."""
+    return None if is_tier2(bound) else find_families(bound)
+
+
+def generate_source(bound: BoundSpec, key: str, plan: TemplatePlan | None = None) -> str:
+    """Tier 1 for specs whose spaces occur at most once per block, tier 2 (docs/theory.md) otherwise;
+    tier 1 with one loop per family when `plan` (from `template_plan`) has families."""
     if is_tier2(bound):
         return generate_tier2(derive_tier2(bound), key).source
+    if plan is not None:
+        return generate_templated(plan, key).source
     return generate(derive_structure(bound), key).source
 
 

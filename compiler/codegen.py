@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .structure import STD, TRIV, Component, Structure, pycode, symbol
+from .structure import STD, TRIV, Component, IsotypicBlock, Structure, pycode, symbol
 
 CODEGEN_VERSION = "4"
 
@@ -53,10 +53,7 @@ def _shape(exprs) -> str:
 def generate(structure: Structure, key: str) -> GeneratedCode:
     bound = structure.bound
     blocks_of = list(p.name for p in bound.params)
-    comps_by_block: dict[tuple[str, int], list] = {}
-    for ib in structure.blocks:
-        for c in ib.components:
-            comps_by_block.setdefault((c.param, c.block), []).append((ib, c))
+    comps_by_block = components_by_block(structure.blocks)
 
     lines = [
         # Input text (spec, parameter and space names) appears only inside repr() literals, never in a
@@ -85,35 +82,15 @@ def generate(structure: Structure, key: str) -> GeneratedCode:
         "BLOCKS = [",
     ]
     for ib in structure.blocks:
-        meta = {
-            "id": ib.id, "name": ib.name, "label": [list(x) for x in ib.label],
-            "batch_spaces": list(ib.batch_spaces), "batch": _py(ib.batch), "mult": _py(ib.mult),
-            "width": _py(ib.width), "dim": _py(ib.dim), "dim_expr": str(ib.dim),
-            "rows": [[c.param, c.block, "".join((p or "_")[0] for p in c.pieces), _py(c.row_offset), _py(c.rows)]
-                     for c in ib.components],
-        }
-        lines.append(f"    {meta!r},")
+        lines.append(f"    {block_meta(ib)!r},")
     lines += ["]", "", ""]
 
     # gather
     lines += ["def gather(t):", '    """{param: tensor} -> {block id: Y (batch, mult, width)}."""']
     ys: dict[str, list[str]] = {ib.id: [] for ib in structure.blocks}
     for p in bound.params:
-        segments = _segments(p)
-        for b in p.blocks:
-            var = _block_var(p.name, b.index, blocks_of)
-            expr = f"t[{p.name!r}]"
-            for a in p.fused_axes:
-                start, length = segments[a][b.slices[a][0]]
-                expr += f".narrow({a}, {_py(start)}, {_py(length)})"
-            if any(len(axis) > 1 for axis in b.axes):
-                expr += f".reshape({_shape(symbol(at.symbol) for at in b.atoms)})"
-            desc = ", ".join(a.symbol for a in b.atoms)  # symbols are sanitised identifiers
-            lines.append(f"    {var} = {expr}  # parameter {blocks_of.index(p.name)} block {b.index}: ({desc})")
-            for ib, c in comps_by_block[(p.name, b.index)]:
-                y = f"y_{ib.id}_{len(ys[ib.id])}"
-                lines.append(f"    {y} = {_gather_expr(var, c, ib.batch, ib.width)}  # -> {ib.id}")
-                ys[ib.id].append(y)
+        lines += gather_lines(p, comps_by_block, ys, f"t[{p.name!r}]", _var_of(p.name, blocks_of),
+                              f"parameter {blocks_of.index(p.name)}")
     lines.append("    return {")
     for ib in structure.blocks:
         parts = ys[ib.id]
@@ -128,15 +105,7 @@ def generate(structure: Structure, key: str) -> GeneratedCode:
         lines.append(f"    z_{ib.id} = z[{ib.id!r}]")
     lines.append("    out = {}")
     for p in bound.params:
-        segments = _segments(p)
-        for b in p.blocks:
-            var = _block_var(p.name, b.index, blocks_of)
-            terms = [_scatter_expr(f"z_{ib.id}", c) for ib, c in comps_by_block[(p.name, b.index)]]
-            atomic = _shape(symbol(a.symbol) for a in b.atoms)
-            block_shape = _shape(segments[a][b.slices[a][0]][1] for a in range(len(b.axes)))
-            expr = " + ".join(f"({t})" for t in terms) if len(terms) > 1 else terms[0]
-            lines.append(f"    {var} = ({expr}).expand({atomic}).reshape({block_shape})")
-        lines.append(f"    out[{p.name!r}] = {_assemble(p, blocks_of)}")
+        lines += scatter_lines(p, comps_by_block, _var_of(p.name, blocks_of), f"out[{p.name!r}]")
     lines += ["    return out", ""]
     return GeneratedCode(key=key, source="\n".join(lines))
 
@@ -155,8 +124,70 @@ def _segments(p) -> list[dict[int, tuple[sympy.Expr, sympy.Expr]]]:
     return out
 
 
-def _block_var(param: str, index: int, names: list[str]) -> str:
-    return f"b{names.index(param)}_{index}"
+def _var_of(param: str, names: list[str]):
+    position = names.index(param)
+    return lambda index: f"b{position}_{index}"
+
+
+def block_meta(ib: IsotypicBlock) -> dict:
+    """One BLOCKS entry: the block's sizes as code, its label, and where each component's rows lie."""
+    return {
+        "id": ib.id, "name": ib.name, "label": [list(x) for x in ib.label],
+        "batch_spaces": list(ib.batch_spaces), "batch": _py(ib.batch), "mult": _py(ib.mult),
+        "width": _py(ib.width), "dim": _py(ib.dim), "dim_expr": str(ib.dim),
+        "rows": [[c.param, c.block, pieces_code(c), _py(c.row_offset), _py(c.rows)] for c in ib.components],
+    }
+
+
+def pieces_code(c: Component) -> str:
+    return "".join((p or "_")[0] for p in c.pieces)
+
+
+def gather_lines(p, comps_by_block: dict, ys: dict[str, list[str]], tensor: str, var_of, what: str,
+                 indent: str = "    ") -> list[str]:
+    """gather's lines for one parameter: cut `tensor` (code) into blocks, each into its components;
+    the components' variables are appended to `ys` by block id."""
+    lines = []
+    segments = _segments(p)
+    for b in p.blocks:
+        var = var_of(b.index)
+        expr = tensor
+        for a in p.fused_axes:
+            start, length = segments[a][b.slices[a][0]]
+            expr += f".narrow({a}, {_py(start)}, {_py(length)})"
+        if any(len(axis) > 1 for axis in b.axes):
+            expr += f".reshape({_shape(symbol(at.symbol) for at in b.atoms)})"
+        desc = ", ".join(a.symbol for a in b.atoms)  # symbols are sanitised identifiers
+        lines.append(f"{indent}{var} = {expr}  # {what} block {b.index}: ({desc})")
+        for ib, c in comps_by_block[(p.name, b.index)]:
+            y = f"y_{ib.id}_{len(ys[ib.id])}"
+            lines.append(f"{indent}{y} = {_gather_expr(var, c, ib.batch, ib.width)}  # -> {ib.id}")
+            ys[ib.id].append(y)
+    return lines
+
+
+def scatter_lines(p, comps_by_block: dict, var_of, target: str, indent: str = "    ") -> list[str]:
+    """scatter's lines for one parameter: each block from its components (z_<block id> variables),
+    then the blocks assembled into `target` (code)."""
+    lines = []
+    segments = _segments(p)
+    for b in p.blocks:
+        var = var_of(b.index)
+        terms = [_scatter_expr(f"z_{ib.id}", c) for ib, c in comps_by_block[(p.name, b.index)]]
+        atomic = _shape(symbol(a.symbol) for a in b.atoms)
+        block_shape = _shape(segments[a][b.slices[a][0]][1] for a in range(len(b.axes)))
+        expr = " + ".join(f"({t})" for t in terms) if len(terms) > 1 else terms[0]
+        lines.append(f"{indent}{var} = ({expr}).expand({atomic}).reshape({block_shape})")
+    lines.append(f"{indent}{target} = {_assemble(p, var_of)}")
+    return lines
+
+
+def components_by_block(blocks) -> dict[tuple[str, int], list]:
+    out: dict[tuple[str, int], list] = {}
+    for ib in blocks:
+        for c in ib.components:
+            out.setdefault((c.param, c.block), []).append((ib, c))
+    return out
 
 
 def _gather_expr(var: str, c: Component, batch, width) -> str:
@@ -189,10 +220,10 @@ def _scatter_expr(zvar: str, c: Component) -> str:
     return expr
 
 
-def _assemble(p, names: list[str]) -> str:
+def _assemble(p, var_of) -> str:
     """Concatenate a parameter's blocks along its fused axes (blocks are in axis-major order)."""
     counts = [len({b.slices[a][0] for b in p.blocks}) for a in range(len(p.shape))]
-    flat = [_block_var(p.name, b.index, names) for b in p.blocks]
+    flat = [var_of(b.index) for b in p.blocks]
 
     def build(axis: int, part: list[str]) -> str:
         if axis == len(counts):

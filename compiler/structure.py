@@ -156,11 +156,11 @@ def _flat_terms(expr):
             yield term
 
 
-def derive_structure(bound: BoundSpec) -> Structure:
-    """Enumerate components, group them by label, and write every size as an expression."""
+def label_groups(bound: BoundSpec) -> dict[tuple, list]:
+    """Every component (param, block, pieces) grouped by its (label, batch spaces), in order of first
+    appearance over the parameters: the order that numbers the blocks L0, L1, ... No sympy here."""
     spaces = bound.spaces
     rank = {s: i for i, s in enumerate(spaces)}
-    n = {s: symbol(sp.symbol) for s, sp in spaces.items()}
     groups: dict[tuple, list] = {}
     for param in bound.params:
         for block in param.blocks:
@@ -179,11 +179,22 @@ def derive_structure(bound: BoundSpec) -> Structure:
                 batch_spaces = tuple(sorted({spaces[s].per for s, _ in label if spaces[s].per},
                                             key=rank.__getitem__))
                 groups.setdefault((label, batch_spaces), []).append((param.name, block, pieces))
+    return groups
+
+
+def derive_structure(bound: BoundSpec, *, ids: dict[tuple, str] | None = None, prefix: str = "L") -> Structure:
+    """Enumerate components, group them by label, and write every size as an expression.
+
+    Blocks are named f"{prefix}{i}" in order of appearance, or by `ids` ((label, batch spaces) ->
+    id) where the caller numbers them over a larger spec (compiler.templates)."""
+    spaces = bound.spaces
+    n = {s: symbol(sp.symbol) for s, sp in spaces.items()}
+    groups = label_groups(bound)
 
     blocks = []
     for i, ((label, batch_spaces), members) in enumerate(groups.items()):
         cols = tuple(s for s, _ in label)
-        block_id = f"L{i}"
+        block_id = ids[(label, batch_spaces)] if ids is not None else f"{prefix}{i}"
         parts = []
         for pname, block, pieces in members:
             atoms = block.atoms

@@ -100,14 +100,14 @@ class BoundSpec:
         blocks (c_attn's q/k and v rows) can sit in several. Different components never share a
         label, except through trivial pieces of perm spaces (the structure stage adds those)."""
         moving = [n for n in self.graph if n[0] == "block" or self.spaces[n[1]].group != "identity"]
-        order = [p.name for p in self.params]
+        order = {p.name: i for i, p in enumerate(self.params)}  # positions: list.index is quadratic in depth
         out = []
         for comp in nx.connected_components(self.graph.subgraph(moving)):
             spaces = sorted(n[1] for n in comp if n[0] == "space")
-            params = sorted({n[1] for n in comp if n[0] == "block"}, key=order.index)
+            params = sorted({n[1] for n in comp if n[0] == "block"}, key=order.__getitem__)
             if params:
                 out.append((spaces, params))
-        return sorted(out, key=lambda sp: order.index(sp[1][0]))
+        return sorted(out, key=lambda sp: order[sp[1][0]])
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -247,6 +247,7 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
 
     sizes = _infer_sizes(spec, resolved, matched, concrete, shapes, sizes or {})
     spaces: dict[str, BoundSpace] = {}
+    taken: set[str] = set()  # symbols given so far (a set kept up to date: rebuilding it is quadratic in depth)
     for s in sorted(resolved, key=lambda s: _decl_order(spec, resolved[s][0], s)):
         d, caps = resolved[s]
         per = _substitute(d.per, caps, spec.source, "", None, None) if d.per else None
@@ -260,7 +261,8 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
                             file=spec.source, key=f"spaces.{d.name}.per",
                             hint="nest at most one level of per")
         spaces[s] = BoundSpace(name=s, group=d.group, size=sizes[s], per=per, decl=d.name,
-                               symbol=_symbol_name(s, {x.symbol for x in spaces.values()}))
+                               symbol=_symbol_name(s, taken))
+        taken.add(spaces[s].symbol)
 
     params, graph = [], nx.MultiGraph()
     graph.add_nodes_from(("space", s) for s in spaces)
@@ -289,8 +291,8 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
                                     hint=f"write the axis as a product, e.g. \"({owner} {atom.space})\"")
         params.append(p)
     uncovered = tuple((n, tuple(s)) for n, s in shapes.items() if n not in matched)
-    order = list(shapes)
-    params.sort(key=lambda p: order.index(p.name))
+    order = {n: i for i, n in enumerate(shapes)}
+    params.sort(key=lambda p: order[p.name])
     return BoundSpec(name=spec.name, source=spec.source, spaces=spaces, params=tuple(params),
                      uncovered=uncovered, graph=graph)
 

@@ -13,6 +13,7 @@ import re
 
 import oracles as O
 import torch
+from symo.compiler import compile_spec
 
 import symo
 
@@ -87,10 +88,14 @@ def test_template_equals_per_layer_spec() -> None:
 
 
 def test_source_grows_linearly_with_depth() -> None:
-    """Each extra layer adds the same amount of source: no offset is a sum over earlier layers."""
-    sizes = [len(compile_text(FAMILY % "perm", stack_shapes(k)).source) for k in (10, 20, 40)]
+    """Each extra layer adds the same amount of source: no offset is a sum over earlier layers. (The
+    per-layer path, `templates=False`; the default loops over layers: tests/test_templates.py.)"""
+    def source(layers: int) -> str:
+        return compile_spec(symo.parse_spec(FAMILY % "perm", source="<test>"), stack_shapes(layers),
+                            disk_cache=False, templates=False).source
+
+    sizes = [len(source(k)) for k in (10, 20, 40)]
     step1, step2 = sizes[1] - sizes[0], (sizes[2] - sizes[1]) / 2
     assert abs(step2 - step1) / step1 < 0.1, sizes
-    source = compile_text(FAMILY % "perm", stack_shapes(40)).source
     # 3 trivial components a layer (the 119th follows a bias: 1 row), each offset on the last
-    assert re.search(r"\n_oL\d+_119 = _oL\d+_118 \+ 1\n", source)
+    assert re.search(r"\n_oL\d+_119 = _oL\d+_118 \+ 1\n", source(40))

@@ -1,0 +1,157 @@
+"""Compile once per template (issue 10): families of identical layers share one derivation and one loop.
+
+A *unit* is a set of parameters joined by the spaces they share (one attention layer, one MLP).
+Two units are *members of one family* when they are equal up to names: the same number of
+parameters, each cut into the same blocks of atoms, their spaces of the same groups (and `per`
+owners, and perm spaces of size 1, which have no standard piece) in the same positions and the same
+declaration order. A `{i}` stack of layers is the typical family; equality is checked on the bound
+layout, so layers written out one by one form a family too.
+
+For each family the structure is derived once, on a representative whose size symbols are renamed
+_s0, _s1, ... (`rep`). The generated module carries the members as data, a table of parameter
+names, space names, block ids and size-symbol names (repr literals: input text never becomes code),
+and loops over it in gather, scatter and BLOCKS. So the sympy work and the generated code do not
+grow with depth; only the table does. Blocks inside a member keep the ids the per-layer
+derivation gives them (L<i>, numbered over the whole spec); the trivial block, which couples every
+member, takes its rows as a running offset computed in the loop, never as a sum over members. Its
+rows are ordered parameters outside families first, then each family member by member (a
+permutation of the per-layer order when several families or outside parameters have trivial rows,
+which changes no result: S on the block is conjugated by the permutation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .structure import label_groups
+from .validate import Atom, Block, BoundParam, BoundSpec
+
+TEMPLATES_VERSION = "1"
+MIN_MEMBERS = 2  # a family of one gains nothing from a loop
+
+
+@dataclass(frozen=True)
+class Family:
+    """Units equal up to names. Row k of `params`, `spaces`, `symbols` is member k's parameter names
+    (in the unit's order), space names (in order of first appearance) and the size symbol behind
+    _s0, _s1, ... of `rep`."""
+
+    rep: BoundSpec
+    params: tuple[tuple[str, ...], ...]
+    spaces: tuple[tuple[str, ...], ...]
+    symbols: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class TemplatePlan:
+    """The families of a bound spec, the parameters outside them (`rest`), and the block ids of the
+    per-layer derivation ((label, batch spaces) -> id)."""
+
+    families: tuple[Family, ...]
+    rest: BoundSpec
+    ids: dict[tuple, str]
+
+    def member_ids(self, family: Family, member: int, label: tuple, batch_spaces: tuple) -> str:
+        """The id, in the whole spec, of a representative block's counterpart in `member`."""
+        local = {s: k for k, s in enumerate(family.spaces[0])}
+        names = family.spaces[member]
+        return self.ids[(tuple((names[local[s]], piece) for s, piece in label),
+                         tuple(names[local[s]] for s in batch_spaces))]
+
+
+def find_families(bound: BoundSpec, min_members: int = MIN_MEMBERS) -> TemplatePlan | None:
+    """Group the parameters into units and the units into families; None when no family has
+    `min_members` members (the spec then compiles as before, per parameter)."""
+    units = _units(bound)
+    rank = {s: i for i, s in enumerate(bound.spaces)}
+    by_signature: dict[tuple, list] = {}
+    for params in units:
+        signature, spaces, symbols = _signature(params, bound, rank)
+        by_signature.setdefault(signature, []).append((params, spaces, symbols))
+    families, in_family = [], set()
+    for members in by_signature.values():
+        if len(members) < min_members:
+            continue
+        families.append(Family(rep=_representative(bound, members[0]),
+                               params=tuple(tuple(p.name for p in m[0]) for m in members),
+                               spaces=tuple(m[1] for m in members), symbols=tuple(m[2] for m in members)))
+        in_family.update(p.name for m in members for p in m[0])
+    if not families:
+        return None
+    rest_params = tuple(p for p in bound.params if p.name not in in_family)
+    used = {a.space for p in rest_params for b in p.blocks for a in b.atoms if a.space is not None}
+    rest = dataclasses.replace(bound, params=rest_params,
+                               spaces={s: sp for s, sp in bound.spaces.items() if s in used})
+    ids = {key: f"L{i}" for i, key in enumerate(label_groups(bound))}
+    return TemplatePlan(families=tuple(families), rest=rest, ids=ids)
+
+
+def _units(bound: BoundSpec) -> list[list[BoundParam]]:
+    """Parameters joined by shared spaces (union-find), each unit in model order, units by first parameter."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for p in bound.params:
+        parent.setdefault("p:" + p.name, "p:" + p.name)
+        for b in p.blocks:
+            for a in b.atoms:
+                if a.space is not None:
+                    parent.setdefault("s:" + a.space, "s:" + a.space)
+                    ra, rb = find("p:" + p.name), find("s:" + a.space)
+                    if ra != rb:
+                        parent[ra] = rb
+    units: dict[str, list[BoundParam]] = {}
+    for p in bound.params:
+        units.setdefault(find("p:" + p.name), []).append(p)
+    return list(units.values())
+
+
+def _signature(params: list[BoundParam], bound: BoundSpec, rank: dict[str, int]) -> tuple:
+    """What the generated code of a unit depends on, with names replaced by positions; and the unit's
+    spaces and size symbols in order of first appearance."""
+    spaces: dict[str, int] = {}
+    symbols: dict[str, int] = {}
+    layout = []
+    for p in params:
+        blocks = []
+        for b in p.blocks:
+            axes = []
+            for axis in b.axes:
+                atoms = []
+                for a in axis:
+                    k = symbols.setdefault(a.symbol, len(symbols))
+                    if a.space is None:
+                        atoms.append((k,))
+                    else:
+                        sp = bound.spaces[a.space]
+                        atoms.append((k, spaces.setdefault(a.space, len(spaces)), sp.group,
+                                      sp.group == "perm" and a.size == 1))
+                axes.append(tuple(atoms))
+            blocks.append(tuple(axes))
+        layout.append((len(p.shape), p.fused_axes, tuple(blocks)))
+    names = tuple(spaces)
+    owners = tuple(spaces.get(bound.spaces[s].per, -1) if bound.spaces[s].per else None for s in names)
+    order = tuple(sorted(range(len(names)), key=lambda k: rank[names[k]]))
+    return (tuple(layout), owners, order), names, tuple(symbols)
+
+
+def _representative(bound: BoundSpec, member: tuple) -> BoundSpec:
+    """The first member as a spec of its own, its size symbols renamed _s<k> (k: first appearance)."""
+    params, spaces, symbols = member
+    local = {name: f"_s{k}" for k, name in enumerate(symbols)}
+    rep_params = []
+    for p in params:
+        blocks = tuple(Block(param=b.param, index=b.index, slices=b.slices,
+                             axes=tuple(tuple(Atom(a.space, a.size, local[a.symbol]) for a in axis)
+                                        for axis in b.axes))
+                       for b in p.blocks)
+        rep_params.append(dataclasses.replace(p, blocks=blocks))
+    used = set(spaces)
+    rep_spaces = {s: dataclasses.replace(sp, symbol=local[sp.symbol]) for s, sp in bound.spaces.items() if s in used}
+    return dataclasses.replace(bound, params=tuple(rep_params), spaces=rep_spaces, uncovered=())
