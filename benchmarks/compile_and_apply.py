@@ -12,9 +12,10 @@
    the RNN on 32 sequences of length 50 (target <= 0.5). `--rnn-only` runs just this part.
 4. Depth sweep (issue 10): a `{i}` stack (`layers.{i}.fc1.weight = ["h{i}", "_"]`, its bias,
    `fc2.weight = ["_", "h{i}"]`, widths 64/32) at 12, 100, 400, 1000 layers with `h{i}` perm and
-   signed_perm, cold compile in a fresh interpreter per point (target: 400 perm layers < 2 s); and
-   GPT-2 XL (48 layers) with the true-symmetry spec (gpt.toml with perm MLP spaces; target < 0.3 s).
-   `--depth-only` runs just this part.
+   signed_perm, cold compile in a fresh interpreter per run, median of `--depth-reps` runs (target:
+   400 perm layers < 2 s); and GPT-2 XL (48 layers) with the true-symmetry spec (gpt.toml with perm
+   MLP spaces; target < 0.3 s). Each point with templates (the default) and per layer
+   (`templates=False`, the path before templates), alternating. `--depth-only` runs just this part.
 Writes benchmarks/results/compile_and_apply.md with the command that made it, the RNN numbers under
 "rnn" and the sweep under "compile_depth" and "compile_gpt2_xl" in benchmarks/results/compile_and_apply.json.
 """
@@ -141,6 +142,7 @@ _FRESH_DEPTH = """
 import time
 import torch
 import symo
+from symo.compiler import compile_spec
 layers, group = {layers}, {group!r}
 spec = symo.parse_spec({spec!r}.replace("GROUP", group), source="<depth sweep>")
 shapes = {{}}
@@ -149,7 +151,7 @@ for i in range(layers):
     shapes[f"layers.{{i}}.fc1.bias"] = (64,)
     shapes[f"layers.{{i}}.fc2.weight"] = (32, 64)
 t = time.perf_counter()
-compiled = symo.compile(spec, shapes, disk_cache=False)
+compiled = symo.CompiledSpec(compile_spec(spec, shapes, disk_cache=False, templates={templates}))
 print(time.perf_counter() - t, len(compiled.blocks))
 """
 
@@ -165,13 +167,15 @@ _FRESH_XL = """
 import time
 import torch
 import symo
+from symo.compiler import compile_spec
 from symo.models import GPT, GPTConfig
 text = open({spec!r}).read().replace('"mlp{{i}}"  = {{ group = "signed_perm" }}', '"mlp{{i}}"  = {{ group = "perm" }}')
 assert '"perm" }}' in text
 with torch.device("meta"):
     model = GPT(GPTConfig(block_size=1024, vocab_size=50304, n_layer=48, n_head=25, n_embd=1600))
 t = time.perf_counter()
-compiled = symo.compile(symo.parse_spec(text, source="<gpt true symmetry>"), model, disk_cache=False)
+spec = symo.parse_spec(text, source="<gpt true symmetry>")
+compiled = symo.CompiledSpec(compile_spec(spec, model, disk_cache=False, templates={templates}))
 print(time.perf_counter() - t, len(compiled.blocks))
 """
 
@@ -182,24 +186,56 @@ def _fresh(code: str) -> tuple[float, int]:
     return float(seconds), int(blocks)
 
 
-def depth_entry(depths: tuple[int, ...] = (12, 100, 400, 1000)) -> tuple[list[dict], dict, list[str]]:
-    """Cold compile of the `{i}` stack at each depth, perm and signed_perm, a fresh interpreter per point."""
+def _median_fresh(code: str, reps: int) -> tuple[float, int, list[float]]:
+    runs = [_fresh(code) for _ in range(reps)]
+    times = [t for t, _ in runs]
+    return statistics.median(times), runs[0][1], times
+
+
+def depth_entry(depths: tuple[int, ...] = (12, 100, 400, 1000), reps: int = 3) -> tuple[list[dict], dict, list[str]]:
+    """Cold compile of the `{i}` stack at each depth, perm and signed_perm, a fresh interpreter per run
+    (median of `reps`), with templates (the default: one derivation and one loop per family) and with
+    the per-layer path (`templates=False`, what every spec compiled to before), alternating."""
+    import os
+
     from tqdm import tqdm
 
+    load_before = os.getloadavg()
     points = [(group, layers) for group in ("perm", "signed_perm") for layers in depths]
     sweep = []
     for group, layers in tqdm(points, desc="depth sweep"):
-        cold, blocks = _fresh(_FRESH_DEPTH.format(layers=layers, group=group, spec=DEPTH_SPEC))
-        sweep.append({"group": group, "layers": layers, "cold_s": cold, "blocks": blocks})
-    xl_cold, xl_blocks = _fresh(_FRESH_XL.format(spec=str(GPT_SPEC)))
-    xl = {"spec": "specs/gpt.toml with mlp{i} perm (true symmetries)", "layers": 48, "n_embd": 1600,
-          "cold_s": xl_cold, "blocks": xl_blocks, "target_s": 0.3}
-    lines = ["", "Depth sweep: cold compile (compile only, fresh interpreter per point) of the `{i}` stack "
-             "fc1 (64x32) + bias + fc2 (32x64) per layer:", "",
-             "| group | layers | blocks | cold compile s |", "|---|---|---|---|"]
-    lines += [f"| {p['group']} | {p['layers']} | {p['blocks']} | {p['cold_s']:.3f} |" for p in sweep]
+        entry = {"group": group, "layers": layers}
+        for templates in (True, False):
+            cold, blocks, times = _median_fresh(_FRESH_DEPTH.format(layers=layers, group=group, spec=DEPTH_SPEC,
+                                                                    templates=templates), reps)
+            key = "cold_s" if templates else "per_layer_cold_s"
+            entry |= {key: cold, key.replace("_s", "_runs_s"): times, "blocks": blocks}
+        sweep.append(entry)
+    xl = {"spec": "specs/gpt.toml with mlp{i} perm (true symmetries)", "layers": 48, "n_embd": 1600, "target_s": 0.3}
+    for templates in (True, False):
+        cold, blocks, times = _median_fresh(_FRESH_XL.format(spec=str(GPT_SPEC), templates=templates), reps)
+        key = "cold_s" if templates else "per_layer_cold_s"
+        xl |= {key: cold, key.replace("_s", "_runs_s"): times, "blocks": blocks}
+    load_after = os.getloadavg()
+    load = {"loadavg_1_5_15_before": [round(x, 2) for x in load_before],
+            "loadavg_1_5_15_after": [round(x, 2) for x in load_after], "cpus": os.cpu_count(), "reps": reps}
+    xl["machine"] = load
+    for entry in sweep:
+        entry["machine"] = load
+    lines = ["", "Depth sweep: cold compile (compile only, fresh interpreter per run, median of "
+             f"{reps} runs) of the `{{i}}` stack fc1 (64x32) + bias + fc2 (32x64) per layer. *templates* is the "
+             "default (one derivation and one loop per family of identical layers, compiler/templates.py); "
+             "*per-layer* is `templates=False`, the path every spec took before, measured in the same session. "
+             f"Load average (1/5/15 min) on this {os.cpu_count()}-core machine: {load_before[0]:.1f}/"
+             f"{load_before[1]:.1f}/{load_before[2]:.1f} before, {load_after[0]:.1f}/{load_after[1]:.1f}/"
+             f"{load_after[2]:.1f} after (the machine is shared: absolute times are noisy).", "",
+             "| group | layers | blocks | templates s | per-layer s | per-layer / templates |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {p['group']} | {p['layers']} | {p['blocks']} | {p['cold_s']:.3f} | {p['per_layer_cold_s']:.3f} | "
+              f"{p['per_layer_cold_s'] / p['cold_s']:.1f}x |" for p in sweep]
     lines += ["", f"GPT-2 XL (48 layers, d_model 1600), gpt.toml with perm MLP spaces: cold compile "
-              f"**{xl_cold:.3f} s** ({xl_blocks} blocks; target < 0.3 s)"]
+              f"**{xl['cold_s']:.3f} s** with templates, {xl['per_layer_cold_s']:.3f} s per-layer "
+              f"({xl['blocks']} blocks; target < 0.3 s)"]
     return sweep, xl, lines
 
 
@@ -218,12 +254,14 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--rnn-only", action="store_true", help="only the RNN entry (JSON and its own table)")
     ap.add_argument("--depth-only", action="store_true", help="only the depth sweep (JSON and its own table)")
+    ap.add_argument("--depth-reps", type=int, default=3, help="fresh interpreters per depth-sweep point (median)")
     args = ap.parse_args()
     if args.depth_only:  # replace the depth section of the table, keep the other measurements
-        sweep, xl, lines = depth_entry()
+        sweep, xl, lines = depth_entry(reps=args.depth_reps)
         write_json("compile_depth", sweep)
         write_json("compile_gpt2_xl", xl)
-        lines[1:1] = ["Command: `python benchmarks/compile_and_apply.py --depth-only`", ""]
+        lines[1:1] = [f"Command: `python benchmarks/compile_and_apply.py --depth-only --depth-reps {args.depth_reps}` "
+                      "(the measurements above this section are from the last full run)", ""]
         path = ROOT / "benchmarks" / "results" / "compile_and_apply.md"
         old = path.read_text().split("\nDepth sweep:")[0].rstrip("\n") if path.exists() else ""
         path.write_text(old + "\n" + "\n".join(lines) + "\n")
@@ -307,7 +345,7 @@ def main() -> None:
     rnn, rnn_lines = rnn_entry(args.reps)
     write_json("rnn", rnn)
     lines += rnn_lines
-    sweep, xl, depth_lines = depth_entry()
+    sweep, xl, depth_lines = depth_entry(reps=args.depth_reps)
     write_json("compile_depth", sweep)
     write_json("compile_gpt2_xl", xl)
     lines += depth_lines

@@ -55,7 +55,7 @@ def generate_templated(plan: TemplatePlan, key: str) -> GeneratedCode:
     lines += ["", "", "def _std(x, dim):", "    # the standard piece of a perm space: (I - J/n) x along one atom",
               "    return x - x.mean(dim=dim, keepdim=True)", "", "",
               "def _name(label, batch_spaces):",
-              "    # IsotypicBlock.name of compiler.structure, for a member's own space names",
+              "    # IsotypicBlock.name of compiler.structure, with the space names of a member",
               "    if not label:", "        return 'trivial'",
               "    text = ' x '.join(f'{piece}({space})' for space, piece in label)",
               "    return text + (f\" per {'x'.join(batch_spaces)}\" if batch_spaces else '')", "", ""]
@@ -106,7 +106,7 @@ def generate_templated(plan: TemplatePlan, key: str) -> GeneratedCode:
         lines.append(f"BLOCKS.append({{'id': {trivial!r}, 'name': 'trivial', 'label': [], 'batch_spaces': [], "
                      "'batch': 1, 'mult': _TRIVIAL_MULT, 'width': 1, 'dim': 1, 'dim_expr': '1', "
                      "'rows': _TRIVIAL_ROWS})")
-    lines += ["BLOCKS.sort(key=lambda b: int(b['id'][1:]))  # the per-layer derivation's order", "", ""]
+    lines += ["BLOCKS.sort(key=lambda b: int(b['id'][1:]))  # the order of the per-layer derivation", "", ""]
 
     # gather
     lines += ["def gather(t):", '    """{param: tensor} -> {block id: Y (batch, mult, width)}."""']
