@@ -71,6 +71,15 @@ class Combo:
             o.step()
 
 
+def _per_layer(spec: str, model: torch.nn.Module):
+    """The spec compiled without templates: one copy of the code per layer, as before issue 10's loop."""
+    from symo.compiler import compile_spec, load_spec
+
+    from symo import CompiledSpec
+
+    return CompiledSpec(compile_spec(load_spec(ROOT / "specs" / spec), model, disk_cache=False, templates=False))
+
+
 def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Module], object]]:
     adam_kw = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 
@@ -91,6 +100,11 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
                                                      lr=0.02, update_scale="muon", batch_blocks=False),
         "Symo per-head, unbatched": lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt.toml", lr=1e-3,
                                                    batch_blocks=False),
+        # the two specs with the per-layer generated code (templates=False): what a loop over layers
+        # in gather/scatter (compile once per template, issue 10) costs at run time
+        "Symo Muon-style, per-layer code": lambda m: Symo(m.named_parameters(), _per_layer("gpt_muon.toml", m),
+                                                          lr=0.02, update_scale="muon"),
+        "Symo per-head, per-layer code": lambda m: Symo(m.named_parameters(), _per_layer("gpt.toml", m), lr=1e-3),
     }
     if compile_step:
         makers["Symo Muon-style, torch.compile"] = lambda m: Symo(
@@ -184,6 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     if "median" in head:
         notes.append(f"target (issue 10): Symo per-head <= 1.0x Muon -> {head['median'] / muon:.2f}x; "
                      f"state {head['bytes'] / adam_bytes:.2f}x AdamW")
+    for looped, per_layer in (("Symo Muon-style (gpt_muon.toml)", "Symo Muon-style, per-layer code"),
+                              ("Symo per-head (gpt.toml)", "Symo per-head, per-layer code")):
+        a, b = results.get(looped, {}), results.get(per_layer, {})
+        if "median" in a and "median" in b:
+            notes.append(f"{looped}: step with the generated code looping over layers (templates, the default) / "
+                         f"with one copy per layer (templates=False): {a['median'] / b['median']:.2f}x")
     header = [
         "# Optimizer step overhead (benchmarks/step_overhead.py)",
         "",

@@ -22,6 +22,7 @@ which changes no result: S on the block is conjugated by the permutation).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from .structure import label_groups
@@ -45,12 +46,17 @@ class Family:
 
 @dataclass(frozen=True)
 class TemplatePlan:
-    """The families of a bound spec, the parameters outside them (`rest`), and the block ids of the
-    per-layer derivation ((label, batch spaces) -> id)."""
+    """The families of a bound spec and the parameters outside them (`rest`)."""
 
     families: tuple[Family, ...]
     rest: BoundSpec
-    ids: dict[tuple, str]
+    bound: BoundSpec
+
+    @functools.cached_property
+    def ids(self) -> dict[tuple, str]:
+        """(label, batch spaces) -> block id as the per-layer derivation numbers them (L0, L1, ...).
+        Computed only when code is generated: a cache hit needs just the plan's key."""
+        return {key: f"L{i}" for i, key in enumerate(label_groups(self.bound))}
 
     def member_ids(self, family: Family, member: int, label: tuple, batch_spaces: tuple) -> str:
         """The id, in the whole spec, of a representative block's counterpart in `member`."""
@@ -83,8 +89,7 @@ def find_families(bound: BoundSpec, min_members: int = MIN_MEMBERS) -> TemplateP
     used = {a.space for p in rest_params for b in p.blocks for a in b.atoms if a.space is not None}
     rest = dataclasses.replace(bound, params=rest_params,
                                spaces={s: sp for s, sp in bound.spaces.items() if s in used})
-    ids = {key: f"L{i}" for i, key in enumerate(label_groups(bound))}
-    return TemplatePlan(families=tuple(families), rest=rest, ids=ids)
+    return TemplatePlan(families=tuple(families), rest=rest, bound=bound)
 
 
 def _units(bound: BoundSpec) -> list[list[BoundParam]]:
