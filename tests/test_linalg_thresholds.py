@@ -155,3 +155,46 @@ def test_float64_max_zero_decomposes_everything_in_float32(monkeypatch, name):
     seen.clear()
     calls[name](512)
     assert seen and set(seen) == {F64}, seen
+
+
+# ------------------------------------------------------------------ gram_power_apply's float64-Gram route
+@pytest.mark.parametrize("tall", [False, True])
+def test_gram_power_apply_float32_undamped_divides_by_dim_on_either_side(tall):
+    """Undamped float32 Y, 3 x 7 or 7 x 3, with eigenvalues of Y Y^T exactly 1, 60 eps32^2 and 20 eps32^2:
+    (Y Y^T / 5)^{-1/2} Y keeps the first two (each row of Y becomes sqrt(5) e_i) and zeros the third, which
+    lies below 8 max(m, n) eps32^2 lambda_max = 56 eps32^2 whatever the scale dim."""
+    f = diagonal_root(7, [1.0, math.sqrt(60) * EPS32, math.sqrt(20) * EPS32], F32)
+    y = f if tall else f.T.contiguous()
+    got = gram_power_apply(y.unsqueeze(0), -0.5, 5)[0]
+    assert got.dtype == F32 and got.shape == y.shape
+    want = math.sqrt(5) * diagonal_root(7, [1.0, 1.0, 0.0], F64)
+    assert rel(got.double(), want if tall else want.T) < 1e-6
+
+
+def test_gram_power_apply_float64_gram_up_to_accurate_gram_max(monkeypatch):
+    """The float64 Gram is used while the smaller side is at most ACCURATE_GRAM_MAX (set to 3 here): a
+    float32 Y with singular values (1, 1, 3e-4) keeps the 3e-4 direction (its eigenvalue 9e-8 is far above
+    8 m eps32^2); with a fourth column the smaller side is 4 and the float32 Gram's rule,
+    8 sqrt(4) eps32 = 1.9e-6 > 9e-8, makes it a zero (docs of ACCURATE_GRAM_MAX)."""
+    from symo import linalg
+
+    monkeypatch.setattr(linalg, "ACCURATE_GRAM_MAX", 3)
+    kept = gram_power_apply(diagonal_root(6, [1.0, 1.0, 3e-4], F32).unsqueeze(0), -0.5, 1)[0]
+    assert rel(kept.double(), diagonal_root(6, [1.0, 1.0, 1.0], F64)) < 1e-5
+    dropped = gram_power_apply(diagonal_root(6, [1.0, 1.0, 1.0, 3e-4], F32).unsqueeze(0), -0.5, 1)[0]
+    assert rel(dropped.double(), diagonal_root(6, [1.0, 1.0, 1.0, 0.0], F64)) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 9), (3, 9, 4)])
+def test_gram_power_apply_float32_undamped_per_block(shape):
+    """Random float32 blocks of different scales through the float64-Gram route: the dense reference per
+    block, (Y Y^T / d)^{-1/2} Y with float64 eigh (eigenvectors of a generic 4 x 4 Gram, not symmetric)."""
+    gen = torch.Generator().manual_seed(25)
+    y = (torch.randn(*shape, generator=gen, dtype=F64) * torch.tensor([1.0, 1e2, 1e-2], dtype=F64).view(3, 1, 1))
+    y = y.float()
+    got = gram_power_apply(y, -0.5, 5)
+    assert got.dtype == F32
+    for k in range(3):
+        yk = y[k].double()
+        want = ref_power(yk @ yk.T / 5, -0.5, zero_rel=8 * 9 * EPS32 ** 2) @ yk
+        assert rel(got[k].double(), want) < 1e-6, k
