@@ -91,18 +91,20 @@ def test_float64_gram_rule_per_block_in_a_batch():
 
 # ------------------------------------------------------------------ damped float64: 8 sqrt(size) eps with size m
 def test_zero_rule_size_is_the_long_side_with_any_batch_axes():
-    """Damped float64 F (7 x 3), eigenvalues of F^T F at 1, 8 sqrt(15) eps and 8 sqrt(5) eps: the threshold
-    8 sqrt(7) eps keeps the second (relative damping then gives it (0.1)^{-1/2}) and drops the third. With one
-    batch axis of size 1 or two batch axes (1, 40), neither the rank 3 nor a batch size is taken for m."""
-    f = diagonal_root(7, [1.0, math.sqrt(8 * math.sqrt(15) * EPS64), math.sqrt(8 * math.sqrt(5) * EPS64)], F64)
+    """Damped float64 F (7 x 4), eigenvalues of F^T F at 1, 31 eps, 22.5 eps and 17.9 eps: the threshold
+    8 sqrt(7) eps = 21.2 eps keeps the second and third (relative damping then gives them (0.1)^{-1/2}) and
+    drops the fourth; 9 sqrt(7) or 8 * 7 / 2 would drop the third. With one batch axis of size 1 or two batch
+    axes (1, 40), neither the rank 4 nor a batch size is taken for m. sym_power on F F^T follows the same rule."""
+    f = diagonal_root(7, [1.0, math.sqrt(31 * EPS64), math.sqrt(22.5 * EPS64), math.sqrt(17.9 * EPS64)], F64)
     want = ref_power(f @ f.T, -0.5, 0.1)
-    assert torch.linalg.matrix_rank(want, rtol=1e-12) == 2          # the reference's own rule, as stated above
+    assert torch.linalg.matrix_rank(want, rtol=1e-12) == 3          # the reference's own rule, as stated above
     for lead in ((1,), (1, 40)):
-        fb = f.expand(*lead, 7, 3).contiguous()
+        fb = f.expand(*lead, 7, 4).contiguous()
         r = root_power(fb, -0.5, 0.1)
         assert rel(r @ r.transpose(-1, -2), want.expand(*lead, 7, 7)) < 1e-10, lead
         y = torch.eye(7, dtype=F64).expand(*lead, 7, 7)
         assert rel(lowrank_power_apply(fb, y, -0.5, 0.1), want.expand(*lead, 7, 7)) < 1e-10, lead
+        assert rel(sym_power(fb @ fb.transpose(-1, -2), -0.5, 0.1), want.expand(*lead, 7, 7)) < 1e-10, lead
 
 
 def test_lowrank_power_apply_defaults_to_relative_damping():
@@ -150,6 +152,10 @@ def test_float64_max_zero_decomposes_everything_in_float32(monkeypatch, name):
         return real(x, *args, **kwargs)
 
     monkeypatch.setattr(torch.linalg, "eigh", spy)
+    if name == "sym_power":   # the size is the block's side (4), not a batch axis (9)
+        sym_power(torch.eye(4).expand(1, 9, 4, 4), -0.5, 1e-3, float64_max=5)
+        assert seen == [F64], seen
+        seen.clear()
     calls[name](0)
     assert seen and set(seen) == {F32}, seen
     seen.clear()

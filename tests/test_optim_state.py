@@ -18,6 +18,8 @@ from symo.models import MLP
 from symo.optim import Symo
 
 sys.path.insert(0, str(Path(__file__).parent))
+from block_reference import psd_function  # noqa: E402
+from references import newton_schulz  # noqa: E402
 from test_optim_options import MUON, PER_HEAD, SIZES, SPECS, TANH, _data, _loss, rel  # noqa: E402
 
 ROWS, COLS = SPECS / "shampoo_rows.toml", SPECS / "shampoo_cols.toml"
@@ -182,3 +184,137 @@ def test_memory_report_of_a_batched_block():
     w.grad = torch.randn(12, 5, dtype=torch.float64)
     opt.step()
     assert opt.state_bytes() == 8 * report["symo"]
+
+
+# ------------------------------------------------------------------ the Muon path's less common branches
+def _one_step(model, spec, **options):
+    """Gradients of one loss, the parameters before, and the update lr * direction after one step (lr = 1)."""
+    gen = torch.Generator().manual_seed(1)
+    dtype = next(model.parameters()).dtype
+    x, y = (torch.randn(16, n, generator=gen, dtype=dtype) for n in (model.fc1.in_features, model.fc3.out_features))
+    _loss(model, x, y).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = Symo(model.named_parameters(), spec, lr=1.0, beta1=0.0, **options)
+    opt.step()
+    return grads, {n: before[n] - p.detach() for n, p in model.named_parameters()}, opt
+
+
+@pytest.mark.parametrize("backend", ["eigh", "newton_schulz"])
+def test_blocks_of_one_shape_batched_or_not_give_muons_update(backend):
+    """MLP (4, 4, 4, 4): three 4 x 4 blocks with equal constants, stacked into one batched call by default.
+    batch_blocks False and True both give sqrt(d) times the polar factor (eigh) or Muon's quintic (newton_schulz)
+    of each gradient, per layer."""
+    torch.manual_seed(0)
+    base = MLP((4, 4, 4, 4), bias=False).double()
+    for batch in (True, False):
+        grads, upd, _ = _one_step(copy.deepcopy(base), MUON, backend=backend, batch_blocks=batch, damping=0.0)
+        for n, g in grads.items():
+            if backend == "eigh":
+                u, _, vh = torch.linalg.svd(g)
+                want = 2.0 * u @ vh
+            else:
+                want = 2.0 * newton_schulz(g, dtype=torch.float64)
+            assert rel(upd[n], want) < 1e-10, (batch, n)
+
+
+def test_source_gradient_with_a_gradless_parameter_counts_it_as_zero():
+    """Muon path with source="gradient": a covered parameter without a gradient counts as zero in its block
+    (the same update as an explicit zero gradient for the others) and does not move."""
+    torch.manual_seed(0)
+    base = MLP(SIZES).double()
+    x, y = _data()
+    runs = []
+    for drop in (True, False):
+        model = copy.deepcopy(base)
+        opt = Symo(model.named_parameters(), TANH, lr=0.1, source="gradient", beta1=0.5)
+        for _ in range(2):
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            if drop:
+                model.fc3.bias.grad = None
+            else:
+                model.fc3.bias.grad.zero_()
+            opt.step()
+        runs.append(model)
+    assert torch.equal(runs[0].fc3.bias, base.fc3.bias)
+    for (n, a), b in zip(runs[0].named_parameters(), runs[1].parameters()):
+        if n != "fc3.bias":
+            assert rel(a.detach(), b.detach()) < 1e-12, n
+
+
+def test_ns_dtype_bfloat16_runs_the_quintic_in_bfloat16():
+    """ns_dtype="bfloat16": Muon's quintic in bfloat16 (as the published Muon on GPUs), its result used in the
+    parameters' precision: the update is sqrt(max(1, rows / cols)) NS_bf16(G), not the float32 iteration."""
+    torch.manual_seed(0)
+    grads, upd, _ = _one_step(MLP(SIZES, bias=False).double(), MUON, backend="newton_schulz", update_scale="muon",
+                              ns_dtype="bfloat16")
+    for n, g in grads.items():
+        scale = max(1.0, g.shape[0] / g.shape[1]) ** 0.5
+        want = scale * newton_schulz(g, dtype=torch.bfloat16).double()
+        f32 = scale * newton_schulz(g, dtype=torch.float32).double()
+        assert rel(upd[n], want) < 1e-3 and rel(upd[n], f32) > 5 * rel(upd[n], want), n
+
+
+def test_adamw_scale_on_the_newton_schulz_polar_path():
+    """update_scale="adamw" with the polar Newton–Schulz path: each layer's update is NS(G) rescaled to RMS
+    adamw_rms."""
+    torch.manual_seed(0)
+    grads, upd, _ = _one_step(MLP(SIZES, bias=False).double(), MUON, backend="newton_schulz", update_scale="adamw",
+                              adamw_rms=0.3)
+    for n, g in grads.items():
+        ns = newton_schulz(g, dtype=torch.float64)
+        want = 0.3 * ns / ns.square().mean().sqrt()
+        assert rel(upd[n], want) < 1e-12, n
+
+
+def test_source_gradient_newton_schulz_backend_is_the_coupled_inverse_root():
+    """beta2 = 0, source="gradient", newton_schulz backend: a wide block (fc1, Y = G^T 5 x 8) gets
+    (A + damping ||A||_F I)^{-1/2} Y from the coupled iteration; tall blocks (fc2, fc3) go through the low-rank
+    root with damping * lambda_max."""
+    torch.manual_seed(0)
+    damping = 0.2
+    grads, upd, _ = _one_step(MLP(SIZES, bias=False).double(), MUON, backend="newton_schulz", source="gradient",
+                              damping=damping, ns_inverse_steps=60)
+    for n, g in grads.items():
+        a = g.T @ g / g.shape[0]
+        lam = psd_function(a, -0.5, damping) @ g.T
+        if n == "fc1.weight":
+            frob = float(torch.sqrt((a * a).sum()))
+            want = psd_function(a + damping * frob * torch.eye(len(a), dtype=a.dtype), -0.5) @ g.T
+            assert rel(upd[n].T, want) < 1e-10 and rel(upd[n].T, lam) > 1e-2, n
+        else:
+            assert rel(upd[n].T, lam) < 1e-10, n
+
+
+def test_weight_decay_of_one_on_covered_parameters():
+    """Decoupled weight decay 1 (lr 1): w <- (1 - lr wd) w - lr u removes w entirely, whatever u is."""
+    torch.manual_seed(0)
+    base = MLP(SIZES, bias=False).double()
+    _, plain, _ = _one_step(copy.deepcopy(base), MUON)
+    _, decayed, _ = _one_step(copy.deepcopy(base), MUON, weight_decay=1.0)
+    for n, p in base.named_parameters():
+        # lr = 1: the decayed step is w - (1 - 1) w + u = w + u, i.e. the plain update plus w itself
+        assert rel(decayed[n], plain[n] + p.detach()) < 1e-12, n
+
+
+def test_bfloat16_parameters_get_float32_statistics_like_float32_parameters():
+    """bfloat16 parameters with source="gradient" and the taylor estimator: gradients and weights are taken
+    to float32 before any statistic, so the preconditioners equal those of float32 parameters holding the same
+    values and gradients, bit for bit."""
+    torch.manual_seed(0)
+    base = MLP(SIZES).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    grads = {n: torch.randn(p.shape, generator=gen).to(torch.bfloat16) for n, p in base.named_parameters()}
+    opts = []
+    for dtype in (torch.bfloat16, torch.float32):
+        model = copy.deepcopy(base).to(dtype)
+        opt = Symo(model.named_parameters(), TANH, lr=0.01, beta2=0.9, source="gradient", estimator="taylor",
+                   damping=1e-3)
+        for n, p in model.named_parameters():
+            p.grad = grads[n].to(dtype)
+        opt.step()
+        opts.append(opt)
+    for b, st in opts[1].state["symo_blocks"].items():
+        assert st["precond"].dtype == torch.float32
+        assert torch.equal(opts[0].state["symo_blocks"][b]["precond"], st["precond"]), b
