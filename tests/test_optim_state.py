@@ -318,3 +318,24 @@ def test_bfloat16_parameters_get_float32_statistics_like_float32_parameters():
     for b, st in opts[1].state["symo_blocks"].items():
         assert st["precond"].dtype == torch.float32
         assert torch.equal(opts[0].state["symo_blocks"][b]["precond"], st["precond"]), b
+
+
+def test_bfloat16_parameters_on_the_muon_path_with_gradient_statistics():
+    """beta2 = 0, source="gradient" on bfloat16 parameters: the gradients are taken to float32 like the
+    momentum, and the step agrees with the same step on float32 parameters to bfloat16 precision."""
+    torch.manual_seed(0)
+    base = MLP(SIZES).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(4)
+    grads = {n: torch.randn(p.shape, generator=gen).to(torch.bfloat16) for n, p in base.named_parameters()}
+    models = []
+    for dtype in (torch.bfloat16, torch.float32):
+        model = copy.deepcopy(base).to(dtype)
+        opt = Symo(model.named_parameters(), TANH, lr=0.1, source="gradient", beta1=0.5)
+        for n, p in model.named_parameters():
+            p.grad = grads[n].to(dtype)
+        opt.step()
+        models.append(model)
+    for (n, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        assert rel(a.detach().double(), b.detach().double()) < 1e-2, n
+    assert rel(models[1].fc2.weight.detach().double(), base.fc2.weight.detach().double()) > 5e-2
+
