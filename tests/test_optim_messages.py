@@ -35,6 +35,7 @@ def raises(exc, message: str):
 @pytest.mark.parametrize("bad,message", [
     ({"beta1": 1.0}, "beta1 must be in [0, 1)"), ({"beta1": 1.5}, "beta1 must be in [0, 1)"),
     ({"weight_decay": float("nan")}, "Invalid weight_decay value: nan (must be a finite number >= 0)"),
+    ({"weight_decay": -1.0}, "Invalid weight_decay value: -1.0 (must be a finite number >= 0)"),
     ({"adamw_rms": float("inf")}, "adamw_rms must be > 0, got inf"),
     ({"adamw_rms": 0.0}, "adamw_rms must be > 0, got 0.0"),
     ({"ns_coeffs": (1.0, 2.0)}, "ns_coeffs must be three finite numbers (a, b, c), got (1.0, 2.0)"),
