@@ -77,18 +77,24 @@ def main() -> None:
         rows.append(f"| `{f}` | {in_file} | {len(codes)} | {killed} | {counts.get('timeout', 0)} | {len(survivors)} | "
                     f"{killed / max(len(codes), 1):.1%}" + (f" ({lo:.0%} to {hi:.0%})" if sample is not None else "")
                     + " |")
+    import tomllib
+
+    mm = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["tool"]["mutmut"]
+    tests = ", ".join(mm["pytest_add_cli_args_test_selection"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mutation.json").write_text(json.dumps(summary, indent=2) + "\n")
     md += ["# Mutation testing: symo/optim.py and symo/linalg.py", "",
            "Command: `" + (COMMAND if sample is None else SAMPLED_COMMAND.format(n=len(sample) // len(FILES)))
-           + "` (mutmut 3, configuration in pyproject.toml `[tool.mutmut]`: the tests in tests/test_optim.py,",
-           "tests/test_optim_options.py, tests/test_optim_api.py and tests/test_linalg_reference.py, torch.compile",
-           "tests left out). A timeout counts as killed. Survivors are listed with the reason each is harmless",
-           "(benchmarks/mutation_survivors.json).", "",
-           "" if sample is None else f"Tested: a seeded random sample of {len(sample) // len(FILES)} mutants per file "
-           "(random.Random(13)), on a 2-core machine shared with other jobs (load about 20): the full set of "
-           "about 1800 mutants did not fit. The rates are over the sample, with a 95% Wilson interval.", "",
-           "| file | mutants in file | tested | killed | of which timeouts | not killed | kill rate (95% interval) |",
+           + f"` (mutmut 3, configuration in pyproject.toml `[tool.mutmut]`; the tests in {tests}; torch.compile "
+           "tests left out). A timeout counts as killed. Survivors are listed with the reason each is equivalent "
+           "or harmless (benchmarks/mutation_survivors.json).", "",
+           ("Tested: the full set, every mutant mutmut generates for the two files; the survivors of the full "
+            "run were then re-tested with the tests added for them (`--rerun-survivors`), and the mutants that "
+            "timed out on the loaded machine re-run." if sample is None else
+            f"Tested: a seeded random sample of {len(sample) // len(FILES)} mutants per file "
+            "(random.Random(13)). The rates are over the sample, with a 95% Wilson interval."), "",
+           "| file | mutants in file | tested | killed | of which timeouts | not killed | kill rate"
+           + (" (95% interval) |" if sample is not None else " |"),
            "|---|---|---|---|---|---|---|", *rows, ""]
     for f, s in summary.items():
         md += [f"## Survivors in `{f}`", ""]

@@ -56,7 +56,24 @@ PYEOF
     mapfile -t survivors < <("$PY" -m mutmut results | awk -F': ' '$2 == "survived" {gsub(/ /, "", $1); print $1}' |
                              { if [[ -f sample.txt ]]; then grep -Fxf sample.txt; else cat; fi })
     echo "re-testing ${#survivors[@]} survivors"
-    if (( ${#survivors[@]} )); then "$PY" -m mutmut run --max-children "$JOBS" "${survivors[@]}"; fi ;;
+    # mutmut forgets every verdict when the tests changed (it re-collects which tests reach what), so the
+    # verdicts of the mutants not re-tested are kept from before: adding tests cannot revive a killed mutant
+    for f in mutants/symo/*.meta; do cp "$f" "$f.before"; done
+    if (( ${#survivors[@]} )); then "$PY" -m mutmut run --max-children "$JOBS" "${survivors[@]}"; fi
+    "$PY" - <<'PYEOF'
+import glob, json
+for before in glob.glob("mutants/symo/*.meta.before"):
+    now_path = before[:-len(".before")]
+    old, now = json.load(open(before)), json.load(open(now_path))
+    codes = now["exit_code_by_key"]
+    kept = 0
+    for name, code in old["exit_code_by_key"].items():
+        if codes.get(name) is None and code is not None:
+            codes[name], kept = code, kept + 1
+    json.dump(now, open(now_path, "w"))
+    print(f"{now_path}: kept {kept} earlier verdicts")
+PYEOF
+    ;;
   --report) ;;
   *) echo "usage: $0 [--sample N | --rerun-survivors | --report]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,130 @@
+"""Symo's and SymoConfig's validation: every message checked whole (a garbled or emptied message fails), the
+boundary values accepted, and the options that only shape construction (defaults, `config`, `sizes`).
+Mutation testing (scripts/mutation.sh) found each of these unchecked by the optimizer's tests.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import symo
+from symo.models import MLP
+from symo.optim import Symo, SymoConfig
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_optim_options import MUON, SIZES, TANH  # noqa: E402
+
+FREE_HEADS = """
+[spaces]
+head = "identity"
+d = { group = "orthogonal", per = "head" }
+[params]
+"w" = ["(head d)", "_"]
+"""
+
+
+def raises(exc, message: str):
+    return pytest.raises(exc, match="^" + re.escape(message) + "$")
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"beta1": 1.0}, "beta1 must be in [0, 1)"), ({"beta1": 1.5}, "beta1 must be in [0, 1)"),
+    ({"weight_decay": float("nan")}, "Invalid weight_decay value: nan (must be a finite number >= 0)"),
+    ({"weight_decay": -1.0}, "Invalid weight_decay value: -1.0 (must be a finite number >= 0)"),
+    ({"adamw_rms": float("inf")}, "adamw_rms must be > 0, got inf"),
+    ({"adamw_rms": 0.0}, "adamw_rms must be > 0, got 0.0"),
+    ({"ns_coeffs": (1.0, 2.0)}, "ns_coeffs must be three finite numbers (a, b, c), got (1.0, 2.0)"),
+    ({"ns_dtype": "float16"}, "ns_dtype must be 'float32' or 'bfloat16'"),
+    ({"eigh_max_size": 0}, "eigh_max_size must be >= 1, got 0"),
+])
+def test_config_rejects_by_itself(bad, message):
+    """SymoConfig checks its own fields (not only through Symo's per-group checks)."""
+    with raises(ValueError, message):
+        SymoConfig(**bad)
+
+
+def test_config_boundaries_are_accepted():
+    for good in ({"eigh_max_size": 1}, {"ns_steps": 1}, {"ns_inverse_steps": 1}, {"ns_dtype": "bfloat16"},
+                 {"beta1": 0.999}, {"adamw_rms": 1e-9}):
+        SymoConfig(**good)
+
+
+def test_constructor_messages():
+    model = MLP(SIZES)
+    named = list(model.named_parameters())
+    w = torch.zeros(3)
+    got = "params must be named parameters: model.named_parameters(), a {name: param} dict or param groups; got "
+    with raises(TypeError, got + "Tensor"):
+        Symo(w, MUON)
+    with raises(TypeError, got + "str"):
+        Symo("fc1.weight", MUON)
+    with raises(TypeError, "mix of param-group dicts and (name, param) pairs"):
+        Symo([{"params": named[:2]}, named[2]], MUON)
+    with raises(ValueError, "a param group needs a 'params' entry: {'params': [(name, param), ...], ...}"):
+        Symo([{"lr": 0.1}], MUON)
+    with raises(TypeError, "a param group's 'params' must be [(name, param), ...], got Tensor"):
+        Symo([{"params": w}], MUON)
+    pairs = ("Symo needs named parameters: pass model.named_parameters() or groups with 'params': "
+             "[(name, param), ...]")
+    with raises(TypeError, pairs):
+        Symo([("fc1.weight", 3.0)], MUON)
+    with raises(TypeError, "config must be a SymoConfig, got dict"):
+        Symo(named, MUON, config={"beta1": 0.9})
+    with raises(TypeError, "Symo got unknown option(s) ['bogus']; the options are the fields of SymoConfig"):
+        Symo(named, MUON, bogus=1)
+    with raises(TypeError, "sizes must be a dict {space: int}, got list"):
+        Symo(named, MUON, sizes=[8])
+    with raises(TypeError, "spec must be a path, a bundled spec name, a Spec or a CompiledSpec, got int"):
+        Symo(named, 3)
+    with raises(ValueError, "geometric_mean_with: both specs must cover the same parameters; they differ on "
+                            "['fc1.bias', 'fc2.bias', 'fc3.bias']"):
+        Symo(named, MUON, geometric_mean_with=TANH)
+    other = symo.compile(MUON, MLP((5, 9, 6, 3)), disk_cache=False)
+    with raises(ValueError, "the CompiledSpec was compiled for other shapes: {'fc1.weight': ((9, 5), (8, 5)), "
+                            "'fc2.weight': ((6, 9), (6, 8))} (compiled, given)"):
+        Symo(named, other)
+    opt = Symo(named, MUON)
+    with raises(NotImplementedError, "Symo compiles its spec for the parameters given at construction; create a "
+                                     "new optimizer to add parameters"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+
+
+def test_group_option_messages_name_the_group_only_when_there_are_several():
+    model = MLP(SIZES)
+    named = list(model.named_parameters())
+    with raises(ValueError, "Invalid learning rate: -0.1 (lr must be a finite number >= 0)"):
+        Symo(named, MUON, lr=-0.1)
+    with raises(ValueError, "Invalid learning rate: -0.1 (lr must be a finite number >= 0)"):
+        Symo([{"params": named, "lr": -0.1}], MUON)
+    with raises(ValueError, "param group 1: Invalid learning rate: -0.1 (param group 1: lr must be a finite "
+                            "number >= 0)"):
+        Symo([{"params": named[:3]}, {"params": named[3:], "lr": -0.1}], MUON)
+
+
+def test_defaults_config_and_sizes_reach_the_optimizer():
+    """lr defaults to 1e-3 (also torch's `defaults`); a SymoConfig is used as given; `sizes` decides a space
+    the shapes cannot (a free head count), for the spec and for the geometric mean's second spec."""
+    model = MLP(SIZES)
+    opt = Symo(model.named_parameters(), MUON)
+    assert opt.param_groups[0]["lr"] == 1e-3 and opt.defaults["lr"] == 1e-3
+    assert Symo(model.named_parameters(), MUON, lr=0.5).defaults["lr"] == 0.5
+    cfg = SymoConfig(beta1=0.5, beta2=0.9)
+    opt = Symo(model.named_parameters(), MUON, config=cfg)
+    assert opt.config == cfg and opt.param_groups[0]["beta1"] == 0.5
+    w = torch.nn.Parameter(torch.zeros(12, 5))
+    spec = symo.parse_spec(FREE_HEADS)
+    for heads in (3, 4):
+        opt = Symo({"w": w}, spec, sizes={"head": heads}, geometric_mean_with=spec, beta2=0.9)
+        assert [b.batch for st in opt._stages for b in st.compiled.blocks] == [heads, heads]
+
+
+def test_config_tanh_spec_is_accepted_with_its_own_sizes():
+    """sizes that agree with the shapes are accepted (a dict, not refused as a non-dict)."""
+    model = MLP(SIZES)
+    opt = Symo(model.named_parameters(), TANH, sizes={"h1": 8})
+    assert opt.compiled.sizes["n_h1"] == 8
