@@ -50,7 +50,7 @@ DIAL_GRID = (1e-3, 3e-3, 1e-2, 3e-2, 0.1)
 DIAL_STEPS = 30_000
 TAUS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.5)
 TAIL_GRIDS = {"gd": (0.01, 0.03), "adam": (3e-3, 0.01), "muon": (0.03, 0.1), "shampoo": (0.03, 0.1),
-              "scalar_adam": (1e-3, 3e-3), "symo": (0.01, 0.03)}
+              "scalar_adam": (1e-3, 3e-3), "symo": (0.003, 0.01, 0.03)}
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -172,6 +172,7 @@ def summarize_dial(runs: list[dict]) -> list[dict]:
 # scheduled linearly over the first 2000 steps (ours, beyond the paper).
 SYMO_TAIL_ARMS = {
     "symo": {"p": -0.5},
+    "symo_cos": {"p": -0.5, "schedule": "cos"},  # decayed like Muon in this protocol
     "symo_p-0.25": {"p": -0.25},
     "symo_p-0.125": {"p": -0.125},
     "symo_p0": {"p": 0.0},
