@@ -176,7 +176,6 @@ SYMO_TAIL_ARMS = {
     "symo": {"p": -0.5},
     "symo_cos": {"p": -0.5, "schedule": "cos"},  # decayed like Muon in this protocol
     "symo_p-0.25": {"p": -0.25, "lrs": (0.03, 0.1, 0.3)},
-    "symo_sched_0_to_-0.5": {"p": 0.0, "p_schedule": (0.0, -0.5, 2000)},
     "symo_sched_-0.5_to_0": {"p": -0.5, "p_schedule": (-0.5, 0.0, 2000)},
 }
 
@@ -387,6 +386,7 @@ def main(argv: list[str] | None = None) -> dict:
         if part == "dial" and args.dial_grid:
             kwargs["grid"] = tuple(float(x) for x in args.dial_grid.split(","))
         if part == "tail":
+            out.mkdir(parents=True, exist_ok=True)
             kwargs["partial"] = out / "tail_partial.json"
             if args.tail_steps:
                 kwargs["max_steps"] = args.tail_steps
