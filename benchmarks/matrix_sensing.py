@@ -181,7 +181,9 @@ SYMO_TAIL_ARMS = {
 
 
 def part_tail(quick: bool, workers: int, taus=TAUS, arms: tuple[str, ...] | None = None,
-              max_steps: int = sc.MAX_STEPS, partial: Path | None = None) -> dict:
+              max_steps: int = sc.MAX_STEPS, partial: Path | None = None, grids: dict | None = None) -> dict:
+    """`grids` (rule or Symo arm -> rates) replaces those rules' grids, to extend them (merge afterwards)."""
+    grids = grids or {}
     seeds = list(SEEDS[:1] if quick else SEEDS)
     steps = 300 if quick else max_steps
     taus = taus[::4] if quick else taus
@@ -194,10 +196,12 @@ def part_tail(quick: bool, workers: int, taus=TAUS, arms: tuple[str, ...] | None
                     if arms is not None and label not in arms:
                         continue
                     arm = dict(arm)
-                    lrs = list(arm.pop("lrs", grid))
+                    lrs = list(grids.get(label, arm.pop("lrs", grid)))
+                    arm.pop("lrs", None)
                     tasks.append({"kind": "batched", "rule": "symo_p", "lrs": lrs[:1] if quick else lrs, "seeds": seeds,
                                   "tau": tau, "max_steps": steps, "label": label, **arm})
             elif arms is None or rule in arms:
+                grid = list(grids.get(rule, grid))
                 tasks.append({"kind": "batched", "rule": rule, "lrs": grid, "seeds": seeds, "tau": tau,
                               "max_steps": steps, "schedule": sc.schedule_of(rule, tail=True)})
     runs = [r for rs in run_pool(tasks, "tail", workers, partial) for r in rs]
@@ -337,6 +341,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dial-grid", default=None, help="dial: comma-separated subset of learning rates")
     ap.add_argument("--zoo-grid", default=None,
                     help="zoo: rule=lr/lr,... instead of the protocol grids (to extend a grid; merge afterwards)")
+    ap.add_argument("--tail-grid", default=None,
+                    help="tail: rule=lr/lr,... (rules or Symo arms) instead of their grids (to extend; merge later)")
     ap.add_argument("--tail-steps", type=int, default=None, help="tail: step cap (protocol: 20000)")
     ap.add_argument("--taus", default=None, help="tail: comma-separated subset of tau (default: the protocol's 8)")
     ap.add_argument("--tail-arms", default=None,
@@ -390,6 +396,9 @@ def main(argv: list[str] | None = None) -> dict:
             kwargs["partial"] = out / "tail_partial.json"
             if args.tail_steps:
                 kwargs["max_steps"] = args.tail_steps
+        if part == "tail" and args.tail_grid:
+            kwargs["grids"] = {k: tuple(float(x) for x in v.split("/"))
+                               for k, v in (item.split("=") for item in args.tail_grid.split(","))}
         if part == "tail" and args.tail_arms:
             kwargs["arms"] = tuple(args.tail_arms.split(","))
         data.update(PARTS[part](args.quick, args.workers, **kwargs))
