@@ -206,7 +206,7 @@ def render_md(data, detail, command, args, seconds) -> str:
              " as shipped in tensorly.", "", f"Command: `{command}` ({seconds:.0f} s)", ""]
     if args.grid == "extended":
         added = "; ".join(f"{r} {', '.join(f'{x:g}' for x in g if x not in GRIDS[r])}"
-                          for r, g in EXTENDED_GRIDS.items())
+                          for r, g in EXTENDED_GRIDS.items() if set(g) - set(GRIDS[r]))
         lines += [f"LR grids: the protocol's, plus one point added above the top ({added}), so that each chosen "
                   "rate is bracketed; the selection rule is the protocol's.", ""]
     if args.pixels != 2000 or args.max_steps != 30_000 or args.grid == "small":
