@@ -38,6 +38,7 @@ from symo import zoo  # noqa: E402
 P, D, HEADS, DH, LAYERS = 47, 64, 4, 16, 2
 METRIC_STEPS = (0, 1, 10, 50, 100, 300, 600, 1000, 1500)
 ARMS = ("adam", "sgd_momentum", "scalar_adam", "muon", "symo")
+TWIN_SEEDS = (777, 999, 1234)
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -153,34 +154,49 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / ((a.norm() + b.norm()) / 2).clamp_min(1e-30))
 
 
-def run_arm(arm: str, steps: int = 1500, twin_seed: int = 777, identity: bool | None = None) -> dict:
+def run_arm(arm: str, steps: int = 1500, twin_seeds: tuple[int, ...] = TWIN_SEEDS,
+            identity: bool | None = None) -> dict:
+    """Train the base network, one rotated twin per seed in `twin_seeds`, the noise twin and (for Adam) the
+    identity twin in lockstep; `logit_distance`/`qk_distance` are means over the rotated twins, and the
+    per-seed curves are kept under `*_by_seed`."""
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     (xt, yt), (xv, yv) = data()
     torch.manual_seed(42)
     base = ModAdd()
-    models = {"base": base, "twin": rotate_twin(base, twin_seed), "noise": noise_twin(base)}
+    twins = [f"twin{s}" for s in twin_seeds]
+    models = {"base": base, **{k: rotate_twin(base, s) for k, s in zip(twins, twin_seeds)}, "noise": noise_twin(base)}
     if identity if identity is not None else arm == "adam":
         models["identity"] = copy.deepcopy(base)
     opts = {k: make_optimizer(arm, m) for k, m in models.items()}
-    rec = {"steps": [], "logit_distance": [], "qk_distance": [], "noise_logit_distance": [], "noise_qk_distance": [],
-           "identity_logit_distance": [], "val_acc_base": [], "val_acc_twin": [], "train_loss_base": []}
+    rec: dict = {"steps": [], "logit_distance": [], "qk_distance": [], "noise_logit_distance": [],
+                 "noise_qk_distance": [], "identity_logit_distance": [], "val_acc_base": [], "val_acc_twin": [],
+                 "train_loss_base": [], "twin_seeds": list(twin_seeds),
+                 "logit_distance_by_seed": {str(s): [] for s in twin_seeds},
+                 "qk_distance_by_seed": {str(s): [] for s in twin_seeds}}
     marks = [s for s in METRIC_STEPS if s <= steps] + ([steps] if steps not in METRIC_STEPS else [])
+    bar = tqdm(total=steps, desc=arm, leave=False, mininterval=30)
     for t in range(steps + 1):
         if t in marks:
             with torch.no_grad():
                 logits = {k: m(xv) for k, m in models.items()}
                 qk = {k: qk_products(m) for k, m in models.items()}
+
+                def qk_rel(other: str, qk: dict = qk) -> float:
+                    return sum(rel(a, b) for a, b in zip(qk["base"], qk[other])) / len(qk["base"])
+
                 rec["steps"].append(t)
-                rec["logit_distance"].append(rel(logits["base"], logits["twin"]))
-                rec["qk_distance"].append(sum(rel(a, b) for a, b in zip(qk["base"], qk["twin"])) / len(qk["base"]))
+                for k, s in zip(twins, twin_seeds):
+                    rec["logit_distance_by_seed"][str(s)].append(rel(logits["base"], logits[k]))
+                    rec["qk_distance_by_seed"][str(s)].append(qk_rel(k))
+                rec["logit_distance"].append(sum(rel(logits["base"], logits[k]) for k in twins) / len(twins))
+                rec["qk_distance"].append(sum(qk_rel(k) for k in twins) / len(twins))
                 rec["noise_logit_distance"].append(rel(logits["base"], logits["noise"]))
-                rec["noise_qk_distance"].append(
-                    sum(rel(a, b) for a, b in zip(qk["base"], qk["noise"])) / len(qk["base"]))
+                rec["noise_qk_distance"].append(qk_rel("noise"))
                 if "identity" in models:
                     rec["identity_logit_distance"].append(rel(logits["base"], logits["identity"]))
                 rec["val_acc_base"].append(float((logits["base"].argmax(-1) == yv).float().mean()))
-                rec["val_acc_twin"].append(float((logits["twin"].argmax(-1) == yv).float().mean()))
+                rec["val_acc_twin"].append(float((logits[twins[0]].argmax(-1) == yv).float().mean()))
                 rec["train_loss_base"].append(float(F.cross_entropy(base(xt), yt)))
         if t == steps:
             break
@@ -190,6 +206,8 @@ def run_arm(arm: str, steps: int = 1500, twin_seed: int = 777, identity: bool | 
             F.cross_entropy(m(xt), yt).backward()
             for o in opts[k]:
                 o.step()
+        bar.update(1)
+    bar.close()
     if not rec["identity_logit_distance"]:
         del rec["identity_logit_distance"]
     return {"arm": arm, **rec}
@@ -201,19 +219,23 @@ def _task(args):
 
 def render_md(data: dict, command: str) -> str:
     arms = [a for a in ARMS if a in data]
+    seeds = ", ".join(str(x) for x in data[arms[0]].get("twin_seeds", [777]))
     lines = ["# Gauge twins in a transformer (modular addition mod 47)", "",
              "Relative distance ||a - b|| / ((||a|| + ||b||) / 2) between a network and its twin whose every head's "
-             "W_Q, W_K rows were rotated by one Haar A_h (seed 777): validation logits, and W_Q,h^T W_K,h averaged "
+             f"W_Q, W_K rows were rotated by one Haar A_h (seeds {seeds}; distances are means over these twins, "
+             "the last column gives each twin's end value): validation logits, and W_Q,h^T W_K,h averaged "
              "over the 8 heads. The noise twin adds N(0, 1e-7^2) to W_Q, W_K instead (a chaos baseline).", "",
              f"Command: `{command}`", "",
              "| arm | logit dist. step 1 | logit dist. end | W_Q^T W_K dist. step 1 | W_Q^T W_K dist. end | "
-             "noise-twin logit dist. end | val acc base / twin (end) |", "|---|---|---|---|---|---|---|"]
+             "noise-twin logit dist. end | val acc base / twin (end) | logit dist. end per twin seed |",
+             "|---|---|---|---|---|---|---|---|"]
     for a in arms:
         d = data[a]
         i1 = d["steps"].index(1) if 1 in d["steps"] else 0
         lines.append(f"| {a} | {d['logit_distance'][i1]:.2e} | {d['logit_distance'][-1]:.2e} | "
                      f"{d['qk_distance'][i1]:.2e} | {d['qk_distance'][-1]:.2e} | {d['noise_logit_distance'][-1]:.2e} | "
-                     f"{d['val_acc_base'][-1]:.3f} / {d['val_acc_twin'][-1]:.3f} |")
+                     f"{d['val_acc_base'][-1]:.3f} / {d['val_acc_twin'][-1]:.3f} | "
+                     + ", ".join(f"{v[-1]:.2e}" for v in d.get("logit_distance_by_seed", {}).values()) + " |")
     lines += ["", "Full curves (steps " + ", ".join(str(s) for s in data[arms[0]]["steps"]) + "):", ""]
     for a in arms:
         d = data[a]
@@ -257,6 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--twin-seeds", default=",".join(str(x) for x in TWIN_SEEDS),
+                    help="rotation seeds of the twins (protocol: 777, 999, 1234)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -265,7 +289,10 @@ def main(argv: list[str] | None = None) -> dict:
     arms = args.arms.split(",")
     command = "python benchmarks/gauge_twins.py " + " ".join(argv if argv is not None else sys.argv[1:])
     t0 = time.time()
-    tasks = [(a, steps) for a in arms]
+    seeds = tuple(int(x) for x in args.twin_seeds.split(","))
+    if args.quick and args.twin_seeds == ",".join(str(x) for x in TWIN_SEEDS):
+        seeds = TWIN_SEEDS[:1]
+    tasks = [(a, steps, seeds) for a in arms]
     out.mkdir(parents=True, exist_ok=True)
     data: dict = {}
 

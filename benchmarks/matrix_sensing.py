@@ -50,7 +50,7 @@ DIAL_GRID = (1e-3, 3e-3, 1e-2, 3e-2, 0.1)
 DIAL_STEPS = 30_000
 TAUS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.5)
 TAIL_GRIDS = {"gd": (0.01, 0.03), "adam": (3e-3, 0.01), "muon": (0.03, 0.1), "shampoo": (0.03, 0.1),
-              "scalar_adam": (1e-3, 3e-3), "symo": (0.01, 0.03)}
+              "scalar_adam": (1e-3, 3e-3), "symo": (0.003, 0.01, 0.03)}
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -170,18 +170,20 @@ def summarize_dial(runs: list[dict]) -> list[dict]:
 
 # Symo's power as a dial between momentum GD (p = 0) and the Gram polar rule (p = -1/2), fixed or
 # scheduled linearly over the first 2000 steps (ours, beyond the paper).
+# An arm's "lrs" replaces the Symo grid of TAIL_GRIDS: at p = -1/4 the update scales with the gradient's
+# square root, so its rates sit higher (0.03 was the best of 0.003-0.03 at tau = 0, at the edge).
 SYMO_TAIL_ARMS = {
     "symo": {"p": -0.5},
-    "symo_p-0.25": {"p": -0.25},
-    "symo_p-0.125": {"p": -0.125},
-    "symo_p0": {"p": 0.0},
-    "symo_sched_0_to_-0.5": {"p": 0.0, "p_schedule": (0.0, -0.5, 2000)},
+    "symo_cos": {"p": -0.5, "schedule": "cos"},  # decayed like Muon in this protocol
+    "symo_p-0.25": {"p": -0.25, "lrs": (0.03, 0.1, 0.3)},
     "symo_sched_-0.5_to_0": {"p": -0.5, "p_schedule": (-0.5, 0.0, 2000)},
 }
 
 
 def part_tail(quick: bool, workers: int, taus=TAUS, arms: tuple[str, ...] | None = None,
-              max_steps: int = sc.MAX_STEPS, partial: Path | None = None) -> dict:
+              max_steps: int = sc.MAX_STEPS, partial: Path | None = None, grids: dict | None = None) -> dict:
+    """`grids` (rule or Symo arm -> rates) replaces those rules' grids, to extend them (merge afterwards)."""
+    grids = grids or {}
     seeds = list(SEEDS[:1] if quick else SEEDS)
     steps = 300 if quick else max_steps
     taus = taus[::4] if quick else taus
@@ -193,24 +195,34 @@ def part_tail(quick: bool, workers: int, taus=TAUS, arms: tuple[str, ...] | None
                 for label, arm in SYMO_TAIL_ARMS.items():
                     if arms is not None and label not in arms:
                         continue
-                    tasks.append({"kind": "batched", "rule": "symo_p", "lrs": grid, "seeds": seeds, "tau": tau,
-                                  "max_steps": steps, "label": label, **arm})
+                    arm = dict(arm)
+                    lrs = list(grids.get(label, arm.pop("lrs", grid)))
+                    arm.pop("lrs", None)
+                    tasks.append({"kind": "batched", "rule": "symo_p", "lrs": lrs[:1] if quick else lrs, "seeds": seeds,
+                                  "tau": tau, "max_steps": steps, "label": label, **arm})
             elif arms is None or rule in arms:
+                grid = list(grids.get(rule, grid))
                 tasks.append({"kind": "batched", "rule": rule, "lrs": grid, "seeds": seeds, "tau": tau,
                               "max_steps": steps, "schedule": sc.schedule_of(rule, tail=True)})
     runs = [r for rs in run_pool(tasks, "tail", workers, partial) for r in rs]
+    return {"tail": summarize_tail(runs), "tail_runs": runs}
+
+
+def summarize_tail(runs: list[dict]) -> list[dict]:
     tail = []
-    for tau in taus:
+    for tau in sorted({r["tau"] for r in runs}):
         for label in sorted({r["rule"] for r in runs}):
             sel = [r for r in runs if r["rule"] == label and r["tau"] == tau]
             if not sel:
                 continue
+            grid = sorted({r["lr"] for r in sel})
             lr, best = sc.select_lr(sel)
             tail.append({"tau": tau, "rule": label, "lr": lr, "recovery_mean": _mean([r["recovery"] for r in best]),
                          "recovery_std": _std([r["recovery"] for r in best]),
                          "erank_mean": _mean([r["erank"] for r in best]),
-                         "steps_mean": _mean([r["steps"] for r in best])})
-    return {"tail": tail, "tail_runs": runs}
+                         "steps_mean": _mean([r["steps"] for r in best]),
+                         "lr_at_grid_edge": lr in (grid[0], grid[-1]) and len(grid) > 1, "grid": grid})
+    return tail
 
 
 # ------------------------------------------------------------------ outputs
@@ -260,9 +272,11 @@ def render_md(data: dict, command: str) -> str:
         lines += ["## The spectral tail: recovery error against tail energy tau^2 (columns: tau)", "",
                   "| rule | " + " | ".join(f"{t:g}" for t in taus) + " |", "|---" * (len(taus) + 1) + "|"]
         for r in rules:
-            vals = {t["tau"]: t["recovery_mean"] for t in data["tail"] if t["rule"] == r}
-            lines.append(f"| {r} | " + " | ".join(f"{vals.get(t, float('nan')):.4f}" for t in taus) + " |")
-        lines.append("")
+            vals = {t["tau"]: (t["recovery_mean"], "*" if t.get("lr_at_grid_edge") else "")
+                    for t in data["tail"] if t["rule"] == r}
+            lines.append(f"| {r} | " + " | ".join("{:.4f}{}".format(*vals.get(t, (float("nan"), ""))) for t in taus)
+                         + " |")
+        lines += ["", "\\* the chosen rate is at an end of the rule's grid (the protocol's grids have two rates).", ""]
     for key in ("findings", "notes"):
         if key in data:
             lines += [f"## {key.capitalize()}", ""] + [f"- {x}" for x in data[key]] + [""]
@@ -321,11 +335,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--merge-from", default=None,
                     help="comma-separated matrix_sensing.json files (parts run to other --out dirs) to merge into "
-                         "--out's file; no training")
+                         "--out's file; no training (zoo/dial runs join --out's runs; the tail runs of the merged "
+                         "files together replace --out's tail)")
     ap.add_argument("--notes-file", type=Path, default=None, help="with --merge-from: lines for the md's Notes")
     ap.add_argument("--dial-grid", default=None, help="dial: comma-separated subset of learning rates")
     ap.add_argument("--zoo-grid", default=None,
                     help="zoo: rule=lr/lr,... instead of the protocol grids (to extend a grid; merge afterwards)")
+    ap.add_argument("--tail-grid", default=None,
+                    help="tail: rule=lr/lr,... (rules or Symo arms) instead of their grids (to extend; merge later)")
     ap.add_argument("--tail-steps", type=int, default=None, help="tail: step cap (protocol: 20000)")
     ap.add_argument("--taus", default=None, help="tail: comma-separated subset of tau (default: the protocol's 8)")
     ap.add_argument("--tail-arms", default=None,
@@ -341,6 +358,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = json.loads(path.read_text()) if path.exists() else {}
     data.setdefault("commands", [])
     if args.merge_from:
+        tail_runs: list[dict] = []
         for other in args.merge_from.split(","):
             extra = json.loads(Path(other).read_text())
             for c in extra.pop("commands", []):
@@ -353,7 +371,11 @@ def main(argv: list[str] | None = None) -> dict:
             if "dial_runs" in extra and "dial_runs" in data:  # two grids of the dial: select over their union
                 extra["dial_runs"] = data["dial_runs"] + extra["dial_runs"]
                 extra["dial"] = summarize_dial(extra["dial_runs"])
+            tail_runs += extra.pop("tail_runs", [])
+            extra.pop("tail", None)
             data.update(extra)
+        if tail_runs:  # the merged files' tail runs together replace the tail of --out's file
+            data["tail_runs"], data["tail"] = tail_runs, summarize_tail(tail_runs)
         if args.notes_file:
             data["notes"] = [x.strip() for x in args.notes_file.read_text().splitlines() if x.strip()]
         write_outputs(data, out, data["commands"][-1])
@@ -370,9 +392,13 @@ def main(argv: list[str] | None = None) -> dict:
         if part == "dial" and args.dial_grid:
             kwargs["grid"] = tuple(float(x) for x in args.dial_grid.split(","))
         if part == "tail":
+            out.mkdir(parents=True, exist_ok=True)
             kwargs["partial"] = out / "tail_partial.json"
             if args.tail_steps:
                 kwargs["max_steps"] = args.tail_steps
+        if part == "tail" and args.tail_grid:
+            kwargs["grids"] = {k: tuple(float(x) for x in v.split("/"))
+                               for k, v in (item.split("=") for item in args.tail_grid.split(","))}
         if part == "tail" and args.tail_arms:
             kwargs["arms"] = tuple(args.tail_arms.split(","))
         data.update(PARTS[part](args.quick, args.workers, **kwargs))
