@@ -16,6 +16,7 @@ import pytest
 import torch
 from symo.compiler import bind as bind_spec
 from symo.compiler import compile_spec, find_families, load_spec, parse_spec
+from test_depth_compile import stack_shapes
 
 import symo
 from symo.models import GPT, GPTConfig
@@ -44,13 +45,6 @@ e = { group = "perm" }
 "?layers.{i}.attn.bias" = ["a{i}"]
 "head.weight" = ["_", "e"]
 """
-
-
-def stack_shapes(layers: int, n: int = 3) -> dict:
-    shapes = {}
-    for i in range(layers):
-        shapes |= {f"layers.{i}.fc1.weight": (n, 2), f"layers.{i}.fc1.bias": (n,), f"layers.{i}.fc2.weight": (2, n)}
-    return shapes
 
 
 def mixed_shapes(widths: tuple[int, ...] = (2, 3, 1, 2)) -> dict:
