@@ -4,6 +4,7 @@ GD, Adam, shared-scalar Adam, Muon and Symo (O(k) gauge) at matched training-los
     python benchmarks/hyperspectral.py                       # protocol sizes (long)
     python benchmarks/hyperspectral.py --pixels 500 --max-steps 2000 --grid small   # the committed run
     python benchmarks/hyperspectral.py --quick               # seconds, to a temp dir
+    python benchmarks/hyperspectral.py --extra-rates gd=100 --merge-from RUNS.json   # reuses RUNS' runs
 
 Data: the Indian Pines corrected cube (145 x 145 x 200) shipped inside tensorly 0.10.0
 (`tensorly.datasets.load_indian_pines`, read from the package, no download). Source, as the data file
@@ -23,6 +24,7 @@ import functools
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -137,6 +139,28 @@ def select(runs: list[dict]) -> float:
     return min(by_lr, key=key)
 
 
+def parse_rates(spec: str) -> dict[str, tuple[float, ...]]:
+    """'gd=100,adam=0.1/0.3' -> {'gd': (100.0,), 'adam': (0.1, 0.3)}."""
+    out: dict[str, tuple[float, ...]] = {}
+    for item in spec.split(","):
+        rule, _, rates = item.partition("=")
+        if rule not in GRIDS or not rates:
+            raise SystemExit(f"--extra-rates: {item!r}; expected rule=lr/lr,... with rule in {list(GRIDS)}")
+        out[rule] = out.get(rule, ()) + tuple(float(x) for x in rates.split("/"))
+    return out
+
+
+def _run_key(r: dict) -> tuple:
+    return r["rule"], float(r["lr"]), r["seed"], r["density"]
+
+
+def _legacy_commands(runs_file: Path) -> list[list]:
+    """The command and seconds of a runs file written before it stored them: from the md beside it."""
+    md = runs_file.with_name("hyperspectral.md")
+    text = md.read_text() if md.exists() else ""
+    return [[c, float(sec)] for c, sec in re.findall(r"`(python benchmarks/hyperspectral\.py[^`]*)` \((\d+) s\)", text)]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -146,24 +170,46 @@ def main(argv: list[str] | None = None) -> dict:
                     help="extended: the protocol grids plus one or two points beyond each end")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--extra-rates", default=None,
+                    help="rule=lr/lr,...: rates added to those rules' grids (to bracket a choice at a grid end)")
+    ap.add_argument("--merge-from", type=Path, default=None,
+                    help="a hyperspectral_runs.json of the same --pixels/--max-steps: its runs are reused (not re-run) "
+                         "where a (rule, lr, seed, density) of this command matches; selection is over every rate")
     args = ap.parse_args(argv)
     if args.quick:
         args.pixels, args.max_steps = 120, 60
     out = args.out or (Path(tempfile.mkdtemp(prefix="hyperspectral_")) if args.quick else RESULTS)
     grids = {r: g[len(g) // 2: len(g) // 2 + 1] for r, g in GRIDS.items()} if args.quick else (
         {"small": SMALL_GRIDS, "extended": EXTENDED_GRIDS, "protocol": GRIDS}[args.grid])
+    if args.extra_rates:
+        grids = {r: tuple(sorted(set(g) | set(parse_rates(args.extra_rates).get(r, ())))) for r, g in grids.items()}
     densities = DENSITIES[1:] if args.quick else DENSITIES
     command = "python benchmarks/hyperspectral.py " + " ".join(argv if argv is not None else sys.argv[1:])
     t0 = time.time()
     base = {"n_pixels": args.pixels, "max_steps": args.max_steps}
+    commands: list[list] = []
+    stored: dict[tuple, dict] = {}
+    if args.merge_from:
+        prev = json.loads(args.merge_from.read_text())
+        for k, v in (("pixels", args.pixels), ("max_steps", args.max_steps)):
+            if prev.get(k, v) != v:
+                raise SystemExit(f"--merge-from: its runs used {k} = {prev[k]}, this command {v}")
+        commands = prev.get("commands") or _legacy_commands(args.merge_from)
+        stored = {_run_key(r): r for r in prev["runs"]}
+
+    def run_or_reuse(tasks: list[dict], desc: str) -> list[dict]:
+        todo = [t for t in tasks if _run_key(t) not in stored]
+        return [stored[_run_key(t)] for t in tasks if _run_key(t) in stored] + run_pool(todo, desc, args.workers)
+
     tasks = [{"rule": r, "lr": lr, "seed": s, "density": d, **base}
              for d in densities for r, g in grids.items() for lr in g for s in SELECT_SEEDS]
-    runs = run_pool(tasks, "select", args.workers)
+    runs = run_or_reuse(tasks, "select")
     chosen = {(d, r): select([x for x in runs if x["rule"] == r and x["density"] == d])
               for d in densities for r in grids}
     extra = [{"rule": r, "lr": chosen[(d, r)], "seed": s, "density": d, **base}
              for d in densities for r in grids for s in REPORT_SEEDS if s not in SELECT_SEEDS]
-    runs += run_pool(extra, "report", args.workers)
+    runs += run_or_reuse(extra, "report")
+    commands = commands + [[command, round(time.time() - t0)]]
     data: dict = {}
     detail: dict = {}
     for d in densities:
@@ -188,26 +234,30 @@ def main(argv: list[str] | None = None) -> dict:
     tmp = out / "hyperspectral.json.tmp"
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, out / "hyperspectral.json")
-    (out / "hyperspectral_runs.json").write_text(json.dumps({"levels_by_rule": detail, "runs": runs}, indent=0))
-    md = render_md(data, detail, command, args, time.time() - t0)
+    (out / "hyperspectral_runs.json").write_text(json.dumps(
+        {"levels_by_rule": detail, "runs": runs, "pixels": args.pixels, "max_steps": args.max_steps,
+         "commands": commands}, indent=0))
+    md = render_md(data, detail, commands, args, grids)
     (out / "hyperspectral.md").write_text(md)
     plot(detail, out / "hyperspectral.png")
     print(md)
     return data
 
 
-def render_md(data, detail, command, args, seconds) -> str:
+def render_md(data, detail, commands, args, grids) -> str:
     lines = ["# Hyperspectral completion: Indian Pines (tensorly 0.10.0)", "",
              f"{args.pixels} pixels x 200 bands, rank-48 factors, at most {args.max_steps} steps; LR chosen on "
              "training loss only (seeds 42, 123), reported over seeds 42, 123, 456, 789. Held-out RMSE over the "
              "unobserved entries at the deepest training-loss level that every rule and seed reached.", "",
              "Data: Baumgardner, Biehl, Landgrebe (2015), 220 Band AVIRIS Hyperspectral Image Data Set: June 12, "
              "1992 Indian Pine Test Site 3, Purdue University Research Repository, doi:10.4231/R7RX991C (CC BY 3.0),"
-             " as shipped in tensorly.", "", f"Command: `{command}` ({seconds:.0f} s)", ""]
-    if args.grid == "extended":
-        added = "; ".join(f"{r} {', '.join(f'{x:g}' for x in g if x not in GRIDS[r])}"
-                          for r, g in EXTENDED_GRIDS.items() if set(g) - set(GRIDS[r]))
-        lines += [f"LR grids: the protocol's, plus one point added above the top ({added}), so that each chosen "
+             " as shipped in tensorly.", "",
+             ("Command: " if len(commands) == 1 else "Commands (later ones add rates and reuse the earlier runs): ")
+             + "; ".join(f"`{c}` ({sec:.0f} s)" for c, sec in commands), ""]
+    added = "; ".join(f"{r} {', '.join(f'{x:g}' for x in g if x not in GRIDS[r])}"
+                      for r, g in grids.items() if set(g) - set(GRIDS[r]))
+    if added and not args.quick:
+        lines += [f"LR grids: the protocol's, plus points added beyond its ends ({added}), so that each chosen "
                   "rate is bracketed; the selection rule is the protocol's.", ""]
     if args.pixels != 2000 or args.max_steps != 30_000 or args.grid == "small":
         lines += ["**Reduced from the protocol to fit the CPU budget** (2 shared cores): "

@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="comma-separated matrix_sensing.json files (parts run to other --out dirs) to merge into "
                          "--out's file; no training (zoo/dial runs join --out's runs; the tail runs of the merged "
                          "files together replace --out's tail)")
+    ap.add_argument("--join-tail", action="store_true",
+                    help="with --merge-from: the merged files' tail runs join --out's tail runs (a tail grid "
+                         "extension; every (tau, rule) re-selected over the union) instead of replacing them")
     ap.add_argument("--notes-file", type=Path, default=None, help="with --merge-from: lines for the md's Notes")
     ap.add_argument("--dial-grid", default=None, help="dial: comma-separated subset of learning rates")
     ap.add_argument("--zoo-grid", default=None,
@@ -374,7 +377,9 @@ def main(argv: list[str] | None = None) -> dict:
             tail_runs += extra.pop("tail_runs", [])
             extra.pop("tail", None)
             data.update(extra)
-        if tail_runs:  # the merged files' tail runs together replace the tail of --out's file
+        if tail_runs:  # the merged files' tail runs together replace the tail of --out's file (or join it)
+            if args.join_tail:
+                tail_runs = data.get("tail_runs", []) + tail_runs
             data["tail_runs"], data["tail"] = tail_runs, summarize_tail(tail_runs)
         if args.notes_file:
             data["notes"] = [x.strip() for x in args.notes_file.read_text().splitlines() if x.strip()]

@@ -1,6 +1,8 @@
 """benchmarks/gauge_twins.py and benchmarks/hyperspectral.py (issue 11): the pieces the full runs rely on."""
 
 
+import json
+
 import pytest
 import torch
 from bench_loader import load_benchmark, one_thread  # noqa: F401  (one_thread: a fixture)
@@ -97,3 +99,24 @@ def test_hyperspectral_train_reaches_levels():
     assert r["hits"] and all(h["test_rmse"] > 0 for h in r["hits"].values())
     first = [r["hits"][str(lv)]["step"] for lv in hs.LEVELS if str(lv) in r["hits"]]
     assert first == sorted(first)
+
+
+def test_hyperspectral_extra_rates_reuse_the_stored_runs(tmp_path, monkeypatch):
+    """--extra-rates adds a rate to a rule's grid; --merge-from reuses the runs of an earlier runs file, so
+    only the new rate (and, if it is chosen, its report seeds) is trained, and selection sees every rate."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    hs.main(["--quick", "--workers", "1", "--out", str(first)])
+    trained = []
+    real = hs.train
+    monkeypatch.setattr(hs, "train", lambda **kw: trained.append((kw["rule"], kw["lr"], kw["seed"])) or real(**kw))
+    data = hs.main(["--quick", "--workers", "1", "--extra-rates", "gd=10", "--out", str(second),
+                    "--merge-from", str(first / "hyperspectral_runs.json")])
+    gd = data["0.25"]["gd"]
+    want = [("gd", 10.0, 42), ("gd", 10.0, 123)] + ([("gd", 10.0, 456), ("gd", 10.0, 789)] if gd["lr"] == 10 else [])
+    assert trained == want and gd["lr"] in (3, 10) and gd["lr_at_grid_edge"]
+    stored = json.loads((second / "hyperspectral_runs.json").read_text())
+    assert len(stored["runs"]) == 20 + len(trained) and len(stored["commands"]) == 2
+    assert "--extra-rates gd=10" in (second / "hyperspectral.md").read_text()
+    with pytest.raises(SystemExit):
+        hs.main(["--workers", "1", "--pixels", "100", "--out", str(tmp_path / "x"),
+                 "--merge-from", str(second / "hyperspectral_runs.json")])

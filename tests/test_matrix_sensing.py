@@ -95,3 +95,18 @@ def test_quick_mode_writes_the_outputs(tmp_path):
     data = ms.main(["--quick", "--part", "nuclear", "--workers", "1", "--out", str(tmp_path)])
     assert data["nuclear_norm"]["recovery_mean"] < 1e-3
     assert (tmp_path / "matrix_sensing.md").exists() and (tmp_path / "matrix_sensing.json").exists()
+
+
+def test_tail_grid_extension_joins_the_tail_on_merge(tmp_path):
+    """--tail-grid runs one more rate to another --out; --merge-from with --join-tail re-selects every
+    (tau, rule) over the union of both runs (without it the merged tail replaces --out's tail)."""
+    ms = load_benchmark("matrix_sensing")
+    base, ext = tmp_path / "base", tmp_path / "ext"
+    ms.main(["--quick", "--part", "tail", "--tail-arms", "gd", "--workers", "1", "--out", str(base)])
+    ms.main(["--quick", "--part", "tail", "--tail-arms", "gd", "--tail-grid", "gd=0.003", "--workers", "1",
+             "--out", str(ext)])
+    data = ms.main(["--merge-from", str(ext / "matrix_sensing.json"), "--join-tail", "--out", str(base)])
+    assert {t["tau"] for t in data["tail"]} == {0.0, 0.2}
+    assert all(t["grid"] == [0.003, 0.01] for t in data["tail"])
+    assert len(data["tail_runs"]) == 4 and len(data["commands"]) == 2
+    assert "--tail-grid gd=0.003" in (base / "matrix_sensing.md").read_text()
