@@ -95,6 +95,13 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
         "Symo Muon-style (gpt_muon.toml)": lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt_muon.toml",
                                                            lr=0.02, update_scale="muon"),
         "Symo per-head (gpt.toml)": lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt.toml", lr=1e-3),
+        # the same two with Newton-Schulz as the matrix-product iteration (as Muon runs it), not through
+        # one eigh of the smaller Gram (ns_method="auto" picks that on CPU): the before/after of the
+        # spectral evaluation
+        "Symo Muon-style, ns_method=iterate": lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt_muon.toml",
+                                                             lr=0.02, update_scale="muon", ns_method="iterate"),
+        "Symo per-head, ns_method=iterate": lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt.toml", lr=1e-3,
+                                                           ns_method="iterate"),
         # the same two without stacking same-shape blocks: the before/after of issue 10's batching
         "Symo Muon-style, unbatched": lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt_muon.toml",
                                                      lr=0.02, update_scale="muon", batch_blocks=False),
@@ -217,13 +224,23 @@ def main(argv: list[str] | None = None) -> None:
     ]
     step_json = {name: {"ms": r["median"] * 1e3, "x_muon": r["median"] / muon, "x_adamw": r["median"] / adam,
                          "state_x_adamw": r["bytes"] / adam_bytes} for name, r in results.items() if "median" in r}
+    for spectral, iterate in (("Symo Muon-style (gpt_muon.toml)", "Symo Muon-style, ns_method=iterate"),
+                              ("Symo per-head (gpt.toml)", "Symo per-head, ns_method=iterate")):
+        a, b = results.get(spectral, {}), results.get(iterate, {})
+        if "median" in a and "median" in b:
+            notes.append(f"{spectral}: step with ns_method='auto' (on CPU: Newton-Schulz through one eigh of the "
+                         f"smaller Gram) / with the iteration: {a['median'] / b['median']:.2f}x")
     ns = bf16_accuracy(device)
     notes.append(f"bfloat16 Newton-Schulz (ns_dtype='bfloat16') on a {ns['shape']} Gaussian, 5 quintic steps: "
                  f"relative distance to the float32 iteration {ns['bf16_vs_f32']:.3f}; to the float64 polar "
                  f"factor: float32 {ns['f32_vs_polar']:.3f}, bfloat16 {ns['bf16_vs_polar']:.3f} (Muon's quintic "
                  "leaves singular values in ~[0.7, 1.2] by design)")
+    sp = spectral_accuracy()
+    notes.append("Newton-Schulz through one eigh (linalg.newton_schulz_spectral), float32 data, relative distance to "
+                 "the float64 iteration (float32 iteration in brackets): "
+                 + "; ".join(f"{k} {v['spectral']:.1e} ({v['iterate']:.1e})" for k, v in sp.items()))
     json_path = Path(args.out).with_suffix(".json")
-    json_path.write_text(json.dumps({"step": step_json, "ns_bf16": ns, "device": str(device),
+    json_path.write_text(json.dumps({"step": step_json, "ns_bf16": ns, "ns_spectral": sp, "device": str(device),
                                      "torch_threads": torch.get_num_threads()}, indent=2) + "\n")
     text = "\n".join(header + rows + [""] + [f"- {n}" for n in notes]) + "\n"
     print()
@@ -250,6 +267,30 @@ def bf16_accuracy(device: torch.device, shape: tuple[int, int] = (384, 1536)) ->
 
     return {"shape": list(shape), "bf16_vs_f32": rel(bf16, f32), "f32_vs_polar": rel(f32, polar),
             "bf16_vs_polar": rel(bf16, polar)}
+
+
+def spectral_accuracy() -> dict[str, dict[str, float]]:
+    """The spectral evaluation against the float64 iteration, beside the float32 iteration (CPU).
+
+    The per-head MLP block's shape (769 x 1536, a float32 eigh above linalg.FLOAT64_EIGH_MAX) and a
+    Muon-style one (384 x 1536, float64 Gram), each as a Gaussian and as a rank-64 matrix whose
+    singular values span 6 decades (where an eigendecomposition is least accurate)."""
+    from symo.linalg import newton_schulz, newton_schulz_spectral
+
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for rows in (769, 384):
+        for kind in ("gaussian", "rank-64, 6 decades"):
+            if kind == "gaussian":
+                g = torch.randn(rows, 1536, generator=gen)
+            else:
+                left = torch.randn(rows, 64, generator=gen) * torch.logspace(0, -6, 64)
+                g = left @ torch.randn(64, 1536, generator=gen)
+            truth = newton_schulz(g.double())
+            out[f"{rows}x1536 {kind}"] = {name: ((f(g).double() - truth).norm() / truth.norm()).item()
+                                          for name, f in (("spectral", newton_schulz_spectral),
+                                                          ("iterate", newton_schulz))}
+    return out
 
 
 def plot(results: dict, path: Path) -> None:

@@ -268,10 +268,12 @@ def summarize_names(names) -> str:
 
 def check_finite_tensors(tensors: Tensors, names: list[str]) -> None:
     """Raise NonFiniteGradientError naming the first parameter with NaN/inf (one sync on success)."""
-    present = [n for n in names if n in tensors]
+    present = [n for n in names if n in tensors and tensors[n].numel() > 0]
     if not present:
         return
-    finite = torch.stack([torch.isfinite(tensors[n].detach()).all() for n in present])
+    # max |x| propagates NaN and inf: one pass per tensor, no boolean copy (issue 10: isfinite().all()
+    # per tensor cost 5% of a Muon-sized step on CPU)
+    finite = torch.isfinite(torch.stack(torch._foreach_norm([tensors[n].detach() for n in present], float("inf"))))
     if bool(finite.all()):
         return
     bad = present[int((~finite).nonzero()[0])]

@@ -22,6 +22,10 @@ ACCURATE_GRAM_MAX = 2048
 # Muon's quintic Newton–Schulz coefficients (Keller Jordan, 2024).
 MUON_COEFFS = (3.4445, -4.7750, 2.0315)
 
+# Muon's Newton–Schulz on CPU: from this smaller side on, `newton_schulz_spectral` (one eigh) is cheaper
+# than the iteration (15 matrix products); measured in benchmarks/step_overhead.py's notes.
+SPECTRAL_NS_MIN = 128
+
 
 def _eigh(a: torch.Tensor, float64_max: int = FLOAT64_EIGH_MAX) -> tuple[torch.Tensor, torch.Tensor]:
     # small blocks in float64; never lower the precision of float64 input
@@ -128,6 +132,41 @@ def newton_schulz(x: torch.Tensor, steps: int = 5, coeffs: tuple[float, float, f
         poly = b * gram + c * gram @ gram
         y = a * y + poly @ y
     return y.transpose(-1, -2) if transpose else y
+
+
+def newton_schulz_spectral(x: torch.Tensor, steps: int = 5, coeffs: tuple[float, float, float] = MUON_COEFFS,
+                           eps: float = 1e-7, float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:
+    """`newton_schulz(x)` evaluated through the eigendecomposition of x's smaller Gram matrix.
+
+    Each quintic step is X <- p(X X^T) X with p(s) = a + b s + c s^2, so every iterate is a polynomial
+    in A = X_0 X_0^T applied to X_0, and on an eigenvector of A the step multiplies by p(s_k) and maps
+    the eigenvalue s_k to s_k p(s_k)^2. With A = V diag(s) V^T the result is V diag(m) V^T X_0, m the
+    product of the p(s_k) per eigenvalue: the same map as the iteration, for one Gram, one eigh and
+    two products instead of 3 x steps products. On CPU that is the cheaper way from a smaller side of
+    SPECTRAL_NS_MIN on (benchmarks/step_overhead.py).
+
+    Precision: unlike the iteration, an eigendecomposition mixes eigenvectors across small gaps, and
+    a gradient's near-zero directions (where the map multiplies by a^steps ~ 480) make that visible.
+    Up to `float64_max` the Gram is therefore formed and decomposed in float64, which matches the
+    float32 iteration's accuracy (~1e-5 relative to the float64 iteration on real gradients). Above
+    it both stay in the data's dtype, as `sym_power` does, since a float64 eigh there costs as much
+    as the iteration: on ill-conditioned low-rank float32 inputs the result is then 1e-3 to 4e-3
+    from the float64 iteration, where the float32 iteration is ~2e-5 and Muon's bfloat16 one 0.25
+    to 0.4 (tests/test_spectral_ns.py). `SymoConfig(ns_method="iterate")` keeps the iteration.
+    """
+    a, b, c = coeffs
+    wide = x.shape[-2] <= x.shape[-1]
+    y = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
+    work = y.to(torch.float64) if min(x.shape[-2], x.shape[-1]) <= float64_max else y
+    gram = work @ work.transpose(-1, -2) if wide else work.transpose(-1, -2) @ work
+    evals, evecs = _eigh(gram, float64_max)
+    s = evals.to(torch.float64).clamp_min(0)  # rounding can make a zero eigenvalue slightly negative
+    m = torch.ones_like(s)
+    for _ in range(steps):
+        poly = a + b * s + c * s * s
+        m, s = m * poly, s * poly * poly
+    power = ((evecs * m.to(evecs.dtype).unsqueeze(-2)) @ evecs.transpose(-1, -2)).to(y.dtype)
+    return power @ y if wide else y @ power
 
 
 def gram_power_apply(y: torch.Tensor, p: float, dim: int, damping: float = 0.0, *, absolute: bool = False,

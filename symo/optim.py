@@ -30,11 +30,13 @@ from .compiler import Spec
 from .linalg import (
     FLOAT64_EIGH_MAX,
     MUON_COEFFS,
+    SPECTRAL_NS_MIN,
     geometric_mean,
     gram_power_apply,
     inv_sqrt_newton_schulz,
     lowrank_power_apply,
     newton_schulz,
+    newton_schulz_spectral,
     sym_power,
 )
 from .optim_checks import _adamw_checks, _check_group_options, _check_state_dict, _check_types
@@ -116,6 +118,12 @@ class SymoConfig:
     ns_dtype: Literal["float32", "bfloat16"] = "float32"
     """Precision of the polar Newton–Schulz iterations (Muon runs them in bfloat16 on GPUs); the
     input and output stay in the statistic's dtype."""
+    ns_method: Literal["auto", "iterate", "spectral"] = "auto"
+    """How the polar Newton–Schulz map is evaluated; both give Muon's quintic result up to rounding.
+    iterate: the matrix-product iteration, as Muon runs it. spectral: the same polynomial map through
+    one eigh of the smaller Gram (linalg.newton_schulz_spectral), far cheaper on CPU. auto: spectral
+    on CPU when ns_dtype is float32 and the smaller side is >= linalg.SPECTRAL_NS_MIN, iterate
+    elsewhere (on GPUs the products are fast and eigh is not)."""
     compile: bool = False
     """torch.compile(fullgraph=True) the Muon-style hot path (beta2 = 0, frequency 1, gradient
     estimator, no geometric mean): momentum -> coordinates -> polar -> scatter."""
@@ -133,6 +141,10 @@ class SymoConfig:
             (self.precondition_frequency >= 1, "precondition_frequency must be >= 1"),
             (self.update_scale in ("natural", "muon", "adamw"), "update_scale must be natural|muon|adamw"),
             (self.ns_dtype in ("float32", "bfloat16"), "ns_dtype must be 'float32' or 'bfloat16'"),
+            (self.ns_method in ("auto", "iterate", "spectral"), "ns_method must be auto|iterate|spectral"),
+            (self.ns_method != "spectral" or self.ns_dtype == "float32",
+             "ns_method='spectral' evaluates Newton-Schulz through a float32/float64 eigh; ns_dtype='bfloat16' "
+             "applies to the iteration only: use ns_method='iterate' (or 'auto') with bfloat16"),
             (self.backend in ("auto", "eigh", "newton_schulz"), "backend must be auto|eigh|newton_schulz"),
             (self.backend != "newton_schulz" or (self.power == -0.5 and self.geometric_mean_with is None),
              "the newton_schulz backend computes the -1/2 power only (power = -0.5, no geometric mean)"),
@@ -260,12 +272,17 @@ class Symo(torch.optim.Optimizer):
                  f"  beta1={cfg.beta1} nesterov={cfg.nesterov} beta2={cfg.beta2} source={cfg.source} "
                  f"estimator={cfg.estimator} power={cfg.power} damping={cfg.damping} ({cfg.damping_mode}) "
                  f"update_scale={cfg.update_scale} frequency={cfg.precondition_frequency}"]
+        device = next((p.device for g in self.param_groups if g["kind"] == "symo" for p in g["params"]),
+                      torch.device("cpu"))
         for stage in self._stages:
             for b in stage.compiled.blocks:
                 c = stage.consts[b.id]
                 tag = f"[{stage.compiled.name}] " if len(self._stages) > 1 else ""
+                backend = c["backend"]
+                if backend == "newton_schulz" and cfg.muon_path:
+                    backend += f" ({self._ns_method((b.mult, b.width), device)})"
                 lines.append(f"  {tag}{b.id} {b.name}: Y {b.batch}x{b.mult}x{b.width}, "
-                             f"d={b.dim}, backend={c['backend']}; {summarize_names(b.params)}")
+                             f"d={b.dim}, backend={backend}; {summarize_names(b.params)}")
         lines.append("  AdamW: " + (summarize_names(adam) if adam else "(none)"))
         return fit_lines(lines)
 
@@ -368,8 +385,11 @@ class Symo(torch.optim.Optimizer):
             if c["backend"] == "newton_schulz":
                 # batch 1 (a whole matrix): plain 2-D GEMMs, faster than bmm and rounding like Muon's
                 y2 = y[0] if y.shape[0] == 1 else y
-                work = y2.to(torch.bfloat16) if cfg.ns_dtype == "bfloat16" else y2
-                z = newton_schulz(work, cfg.ns_steps, cfg.ns_coeffs).to(y.dtype).reshape(y.shape)
+                if self._ns_method(y2.shape, y2.device) == "spectral":
+                    z = newton_schulz_spectral(y2, cfg.ns_steps, cfg.ns_coeffs).reshape(y.shape)
+                else:
+                    work = y2.to(torch.bfloat16) if cfg.ns_dtype == "bfloat16" else y2
+                    z = newton_schulz(work, cfg.ns_steps, cfg.ns_coeffs).to(y.dtype).reshape(y.shape)
                 # sqrt(d) polar(Y) is the natural scale; fold it into the convention's factor
                 return self._finish(z, c, last=True, extra=math.sqrt(c["dim"]))
             z = gram_power_apply(y, cfg.power, c["dim"], cfg.damping, absolute=absolute)
@@ -379,6 +399,14 @@ class Symo(torch.optim.Optimizer):
         else:
             z = lowrank_power_apply(ys / math.sqrt(c["dim"]), y, cfg.power, cfg.damping, absolute=absolute)
         return self._finish(z, c, last=True)
+
+    def _ns_method(self, shape: tuple[int, ...] | torch.Size, device: torch.device) -> str:
+        """iterate or spectral for a Newton-Schulz call on a (..., m, n) block (see SymoConfig.ns_method)."""
+        cfg = self.config
+        if cfg.ns_method != "auto":
+            return cfg.ns_method
+        cheap = device.type == "cpu" and cfg.ns_dtype == "float32" and min(shape[-2:]) >= SPECTRAL_NS_MIN
+        return "spectral" if cheap else "iterate"
 
     def _finish(self, z: torch.Tensor, c: dict[str, Any], last: bool, extra: float = 1.0) -> torch.Tensor:
         scale = c["scale"] * extra

@@ -400,6 +400,23 @@ def test_non_finite_gradient_names_the_parameter():
         opt.step()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_non_finite_check_finds_one_bad_entry_anywhere(dtype):
+    """The check reduces each tensor to max |x|, which must carry a single NaN or inf from any position
+    (vectorised loops, tails, strided views) and must skip empty tensors."""
+    from symo.compiled import check_finite_tensors
+
+    gen = torch.Generator().manual_seed(0)
+    big = torch.randn(1031, 517, generator=gen).to(dtype)
+    check_finite_tensors({"big": big, "empty": torch.empty(0, 3, dtype=dtype), "t": big.t()}, ["big", "empty", "t"])
+    for flat in (0, 5, 16, 1031 * 517 // 2 + 3, 1031 * 517 - 1):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            g = big.clone()
+            g.view(-1)[flat] = bad
+            with pytest.raises(NonFiniteGradientError, match="'t'"):
+                check_finite_tensors({"ok": big, "t": g.t()}, ["ok", "t"])
+
+
 def test_muon_hot_path_traces_as_one_graph():
     """torch.compile(fullgraph=True) of momentum -> coordinates -> polar -> scatter (dynamo only)."""
     torch.manual_seed(0)

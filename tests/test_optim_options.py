@@ -164,7 +164,7 @@ def test_auto_backend_switches_to_newton_schulz_above_eigh_max_size():
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = Symo(model.named_parameters(), MUON, lr=1.0, beta1=0.0, damping=0.0, eigh_max_size=5)
     report = opt.describe()
-    assert "backend=newton_schulz; fc2.weight" in report
+    assert "backend=newton_schulz (iterate); fc2.weight" in report
     assert "backend=eigh; fc1.weight" in report and "backend=eigh; fc3.weight" in report
     _loss(model, x, y).backward()
     opt.step()
