@@ -3,8 +3,8 @@ installed copy resolves specs by name from any folder; `import symo` gives `symo
 links only to files inside the repository.
 
 The wheel is built from a copy of the sources (no build isolation: nothing is downloaded) and
-installed into a fresh virtual environment that sees the system site-packages (torch, sympy, ...),
-where no symo is installed, so the import can only come from the wheel.
+installed into a fresh virtual environment that sees the test environment's site-packages (torch,
+sympy, ...) as plain paths, where no symo is importable, so the import can only come from the wheel.
 """
 
 from __future__ import annotations
@@ -65,6 +65,13 @@ def test_installed_wheel_works_from_another_folder(wheel: Path, tmp_path: Path) 
     installed = run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", site,
                      wheel])
     assert installed.returncode == 0, installed.stderr
+    # the dependencies (torch, sympy, ...) come from the environment running the tests, which is not
+    # the system one under scripts/setup.sh: a plain path line puts its site-packages on sys.path
+    # without running its .pth files, so the editable symo install there stays invisible
+    import sysconfig
+
+    outer = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    (Path(site) / "outer_environment.pth").write_text("".join(f"{p}\n" for p in sorted(outer)))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
