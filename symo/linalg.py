@@ -22,9 +22,10 @@ ACCURATE_GRAM_MAX = 2048
 # Muon's quintic Newton–Schulz coefficients (Keller Jordan, 2024).
 MUON_COEFFS = (3.4445, -4.7750, 2.0315)
 
-# Muon's Newton–Schulz on CPU: from this smaller side on, `newton_schulz_spectral` (one eigh) is cheaper
-# than the iteration (15 matrix products); measured in benchmarks/step_overhead.py's notes.
-SPECTRAL_NS_MIN = 128
+# Muon's Newton–Schulz on CPU, `spectral_ns_is_cheaper`: a float64 Gram and eigh pay off only for wide
+# blocks from this smaller side on; above FLOAT64_EIGH_MAX (float32 eigh) always.
+SPECTRAL_NS_MIN = 256
+SPECTRAL_NS_ASPECT = 2.5
 
 
 def _eigh(a: torch.Tensor, float64_max: int = FLOAT64_EIGH_MAX) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,8 +143,8 @@ def newton_schulz_spectral(x: torch.Tensor, steps: int = 5, coeffs: tuple[float,
     in A = X_0 X_0^T applied to X_0, and on an eigenvector of A the step multiplies by p(s_k) and maps
     the eigenvalue s_k to s_k p(s_k)^2. With A = V diag(s) V^T the result is V diag(m) V^T X_0, m the
     product of the p(s_k) per eigenvalue: the same map as the iteration, for one Gram, one eigh and
-    two products instead of 3 x steps products. On CPU that is the cheaper way from a smaller side of
-    SPECTRAL_NS_MIN on (benchmarks/step_overhead.py).
+    two products instead of 3 x steps products; on CPU the cheaper way for the shapes that
+    `spectral_ns_is_cheaper` names.
 
     Precision: unlike the iteration, an eigendecomposition mixes eigenvectors across small gaps, and
     a gradient's near-zero directions (where the map multiplies by a^steps ~ 480) make that visible.
@@ -167,6 +168,20 @@ def newton_schulz_spectral(x: torch.Tensor, steps: int = 5, coeffs: tuple[float,
         m, s = m * poly, s * poly * poly
     power = ((evecs * m.to(evecs.dtype).unsqueeze(-2)) @ evecs.transpose(-1, -2)).to(y.dtype)
     return power @ y if wide else y @ power
+
+
+def spectral_ns_is_cheaper(shape: tuple[int, ...] | torch.Size) -> bool:
+    """CPU cost model: is `newton_schulz_spectral` cheaper than the 5-step iteration on a (..., m, n) block?
+
+    Measured on one core (tests/test_spectral_ns.py names the rule; timings in docs/performance.md):
+    with a float32 eigh (smaller side > FLOAT64_EIGH_MAX) it takes 0.4-0.6x the iteration's time at
+    every shape tried; with the float64 Gram and eigh it wins only when the block is wide enough for
+    the iteration's rectangular products to dominate (0.70x at 384 x 1152, 1.1-1.5x for square and
+    1:2 blocks up to 512, and slower for every shape with a side of 128)."""
+    short, long = sorted((int(shape[-2]), int(shape[-1])))
+    if short > FLOAT64_EIGH_MAX:
+        return True
+    return short >= SPECTRAL_NS_MIN and long >= SPECTRAL_NS_ASPECT * short
 
 
 def gram_power_apply(y: torch.Tensor, p: float, dim: int, damping: float = 0.0, *, absolute: bool = False,

@@ -30,13 +30,13 @@ from .compiler import Spec
 from .linalg import (
     FLOAT64_EIGH_MAX,
     MUON_COEFFS,
-    SPECTRAL_NS_MIN,
     geometric_mean,
     gram_power_apply,
     inv_sqrt_newton_schulz,
     lowrank_power_apply,
     newton_schulz,
     newton_schulz_spectral,
+    spectral_ns_is_cheaper,
     sym_power,
 )
 from .optim_checks import _adamw_checks, _check_group_options, _check_state_dict, _check_types
@@ -111,19 +111,21 @@ class SymoConfig:
     adamw_wd: float = 0.0
     check_finite: bool = True
     """Raise NonFiniteGradientError naming the parameter when a gradient holds NaN/inf (one sync)."""
-    batch_blocks: bool = True
+    batch_blocks: bool | Literal["auto"] = "auto"
     """Muon path: stack blocks of the same shape and constants (every layer's heads, every layer's MLP)
     along the batch axis and run one batched matrix function for them. False: one call per block
-    (the same result up to float rounding)."""
+    (the same result up to float rounding). auto: stack on accelerators, where it saves kernel
+    launches, not on CPU, where the stacking copies cost more than the calls they save (0.92x the
+    batched step's time on gpt_bench, benchmarks/step_overhead.py)."""
     ns_dtype: Literal["float32", "bfloat16"] = "float32"
     """Precision of the polar Newton–Schulz iterations (Muon runs them in bfloat16 on GPUs); the
     input and output stay in the statistic's dtype."""
     ns_method: Literal["auto", "iterate", "spectral"] = "auto"
     """How the polar Newton–Schulz map is evaluated; both give Muon's quintic result up to rounding.
     iterate: the matrix-product iteration, as Muon runs it. spectral: the same polynomial map through
-    one eigh of the smaller Gram (linalg.newton_schulz_spectral), far cheaper on CPU. auto: spectral
-    on CPU when ns_dtype is float32 and the smaller side is >= linalg.SPECTRAL_NS_MIN, iterate
-    elsewhere (on GPUs the products are fast and eigh is not)."""
+    one eigh of the smaller Gram (linalg.newton_schulz_spectral), cheaper on CPU for large or wide
+    blocks. auto: spectral on CPU when ns_dtype is float32 and linalg.spectral_ns_is_cheaper says so
+    for the block's shape, iterate elsewhere (on GPUs the products are fast and eigh is not)."""
     compile: bool = False
     """torch.compile(fullgraph=True) the Muon-style hot path (beta2 = 0, frequency 1, gradient
     estimator, no geometric mean): momentum -> coordinates -> polar -> scatter."""
@@ -142,6 +144,8 @@ class SymoConfig:
             (self.update_scale in ("natural", "muon", "adamw"), "update_scale must be natural|muon|adamw"),
             (self.ns_dtype in ("float32", "bfloat16"), "ns_dtype must be 'float32' or 'bfloat16'"),
             (self.ns_method in ("auto", "iterate", "spectral"), "ns_method must be auto|iterate|spectral"),
+            (self.batch_blocks in (True, False, "auto") and isinstance(self.batch_blocks, (bool, str)),
+             f"batch_blocks must be True, False or 'auto', got {self.batch_blocks!r}"),
             (self.ns_method != "spectral" or self.ns_dtype == "float32",
              "ns_method='spectral' evaluates Newton-Schulz through a float32/float64 eigh; ns_dtype='bfloat16' "
              "applies to the iteration only: use ns_method='iterate' (or 'auto') with bfloat16"),
@@ -405,7 +409,7 @@ class Symo(torch.optim.Optimizer):
         cfg = self.config
         if cfg.ns_method != "auto":
             return cfg.ns_method
-        cheap = device.type == "cpu" and cfg.ns_dtype == "float32" and min(shape[-2:]) >= SPECTRAL_NS_MIN
+        cheap = device.type == "cpu" and cfg.ns_dtype == "float32" and spectral_ns_is_cheaper(shape)
         return "spectral" if cheap else "iterate"
 
     def _finish(self, z: torch.Tensor, c: dict[str, Any], last: bool, extra: float = 1.0) -> torch.Tensor:
@@ -591,11 +595,12 @@ def _fast_directions_static(opt: Symo, names, grads, bufs, betas, nesterovs) -> 
     present = set(names)
     zs = {}
     groups: dict[tuple, list[str]] = {}  # same shape and constants -> one batched call
+    batch = _stack_blocks(opt.config, bufs[0].device)
     for b in comp.blocks:
         c = consts[b.id]
         if present.isdisjoint(c["params"]):
             zs[b.id] = torch.zeros_like(ys[b.id])
-        elif opt.config.batch_blocks:
+        elif batch:
             key = (tuple(ys[b.id].shape), tuple(ss[b.id].shape), c["dim"], c["backend"], c["scale"], c["dof"])
             groups.setdefault(key, []).append(b.id)
         else:
@@ -612,6 +617,11 @@ def _fast_directions_static(opt: Symo, names, grads, bufs, betas, nesterovs) -> 
         for i, z in zip(ids, opt._fast_block(y, s, c).split([ys[i].shape[0] for i in ids])):
             zs[i] = z
     return comp.scatter(zs)
+
+
+def _stack_blocks(cfg: SymoConfig, device: torch.device) -> bool:
+    """Whether the Muon path stacks same-shape blocks into one call (SymoConfig.batch_blocks)."""
+    return device.type != "cpu" if cfg.batch_blocks == "auto" else cfg.batch_blocks
 
 
 def _matrix_power(a: torch.Tensor, power: float, cfg: SymoConfig, backend: str) -> torch.Tensor:

@@ -75,3 +75,33 @@ def test_bfloat16_newton_schulz_close_to_float32() -> None:
     assert 0 < rel < 0.3 and cosine > 0.95, (rel, cosine.item())
     with pytest.raises(ValueError, match="ns_dtype"):
         Symo(base.named_parameters(), "gpt_muon", ns_dtype="float16")
+
+
+def test_auto_batching_stacks_on_accelerators_only(monkeypatch) -> None:
+    """batch_blocks='auto' (the default): one call per block on CPU, stacked calls on other devices."""
+    from symo.optim import _stack_blocks
+
+    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=17, block_size=16))
+    calls = []
+    original = Symo._fast_block
+    monkeypatch.setattr(Symo, "_fast_block", lambda self, y, *a: calls.append(y.shape[0]) or original(self, y, *a))
+    opt = Symo(model.named_parameters(), "gpt_muon", lr=0.02)
+    assert opt.config.batch_blocks == "auto"
+    train(model, opt, steps=1)
+    assert len(calls) == len(opt.compiled.blocks)
+    calls.clear()
+    Symo(model.named_parameters(), "gpt_muon", lr=0.02, batch_blocks=True).step()
+    assert len(calls) < len(opt.compiled.blocks)
+    cfg = opt.config
+    assert not _stack_blocks(cfg, torch.device("cpu"))
+    assert _stack_blocks(cfg, torch.device("cuda")) and _stack_blocks(cfg, torch.device("mps"))
+    for explicit in (True, False):
+        cfg.batch_blocks = explicit
+        assert _stack_blocks(cfg, torch.device("cpu")) is explicit is _stack_blocks(cfg, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("bad", [1, 0, "yes", None])
+def test_batch_blocks_validation(bad) -> None:
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=17, block_size=16))
+    with pytest.raises(ValueError, match="batch_blocks must be True, False or 'auto'"):
+        Symo(model.named_parameters(), "gpt_muon", batch_blocks=bad)

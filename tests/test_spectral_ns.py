@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.linalg import FLOAT64_EIGH_MAX, MUON_COEFFS, SPECTRAL_NS_MIN, newton_schulz, newton_schulz_spectral
+from symo.linalg import (
+    FLOAT64_EIGH_MAX,
+    MUON_COEFFS,
+    SPECTRAL_NS_ASPECT,
+    SPECTRAL_NS_MIN,
+    newton_schulz,
+    newton_schulz_spectral,
+    spectral_ns_is_cheaper,
+)
 from symo.models import GPT, MLP, GPTConfig
 from symo.optim import Symo
 
@@ -84,7 +92,7 @@ def test_float32_accuracy_matches_the_float32_iteration_up_to_float64_eigh_max()
     """Sides <= FLOAT64_EIGH_MAX: the Gram is formed in float64, so real (rank-deficient) gradients come
     out as accurate as the float32 iteration (a float32 Gram was ~25x worse: 2e-4)."""
     for name, g in _gpt_gradients().items():
-        assert SPECTRAL_NS_MIN <= min(g.shape) <= FLOAT64_EIGH_MAX
+        assert min(g.shape) <= FLOAT64_EIGH_MAX
         truth = reference_ns(g.double(), dtype=torch.float64)
         spectral, iterate = rel(newton_schulz_spectral(g), truth), rel(newton_schulz(g), truth)
         assert spectral <= 2 * iterate + 1e-6, (name, spectral, iterate)
@@ -108,7 +116,17 @@ def test_float32_accuracy_above_float64_eigh_max_is_far_inside_bfloat16() -> Non
 
 
 # ------------------------------------------------------------------------------------------ the optimizer
-def test_auto_uses_spectral_on_cpu_from_the_threshold_on(monkeypatch) -> None:
+def test_cost_model_boundaries() -> None:
+    n = SPECTRAL_NS_MIN
+    wide = int(SPECTRAL_NS_ASPECT * n)
+    assert spectral_ns_is_cheaper((n, wide)) and spectral_ns_is_cheaper((wide, n))
+    assert spectral_ns_is_cheaper((3, n, wide))  # batched blocks: the last two axes
+    assert not spectral_ns_is_cheaper((n, wide - 1)) and not spectral_ns_is_cheaper((n - 1, 4 * n))
+    assert not spectral_ns_is_cheaper((FLOAT64_EIGH_MAX, FLOAT64_EIGH_MAX))  # float64 eigh, square: iterate
+    assert spectral_ns_is_cheaper((FLOAT64_EIGH_MAX + 1, FLOAT64_EIGH_MAX + 1))  # float32 eigh: always
+
+
+def test_auto_follows_the_cost_model_on_cpu(monkeypatch) -> None:
     calls = {"spectral": [], "iterate": []}
     import symo.optim as optim
 
@@ -117,19 +135,20 @@ def test_auto_uses_spectral_on_cpu_from_the_threshold_on(monkeypatch) -> None:
                         lambda y, *a: calls["spectral"].append(tuple(y.shape)) or real_spectral(y, *a))
     monkeypatch.setattr(optim, "newton_schulz",
                         lambda y, *a: calls["iterate"].append(tuple(y.shape)) or real_iterate(y, *a))
-    model = MLP((8, SPECTRAL_NS_MIN + 32, SPECTRAL_NS_MIN, 4))
+    wide = int(SPECTRAL_NS_ASPECT * SPECTRAL_NS_MIN)
+    model = MLP((8, wide, SPECTRAL_NS_MIN, 4))
     opt = Symo(model.named_parameters(), SPECS / "muon.toml", lr=0.02, backend="newton_schulz", update_scale="muon")
     report = opt.describe()
-    assert "backend=newton_schulz (spectral); fc2.weight" in report  # 128 x 160
-    assert "backend=newton_schulz (iterate); fc1.weight" in report  # 160 x 8: smaller side below the threshold
-    below = MLP((8, SPECTRAL_NS_MIN + 32, SPECTRAL_NS_MIN - 1, 4))
+    assert "backend=newton_schulz (spectral); fc2.weight" in report  # 256 x 640
+    assert "backend=newton_schulz (iterate); fc1.weight" in report  # 640 x 8
+    below = MLP((8, wide, SPECTRAL_NS_MIN - 1, 4))
     report = Symo(below.named_parameters(), SPECS / "muon.toml", backend="newton_schulz").describe()
     assert "(iterate); fc2.weight" in report
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     opt.step()
-    assert min(min(s) for s in calls["spectral"]) >= SPECTRAL_NS_MIN and calls["spectral"]
-    assert all(min(s[-2:]) < SPECTRAL_NS_MIN for s in calls["iterate"]) and calls["iterate"]
+    assert calls["spectral"] and all(spectral_ns_is_cheaper(s) for s in calls["spectral"])
+    assert calls["iterate"] and not any(spectral_ns_is_cheaper(s) for s in calls["iterate"])
     for method in ("iterate", "spectral"):  # an explicit choice is taken as given
         forced = Symo(model.named_parameters(), SPECS / "muon.toml", lr=0.02, backend="newton_schulz", ns_method=method)
         assert forced.describe().count(f"({method})") == 3
@@ -137,9 +156,9 @@ def test_auto_uses_spectral_on_cpu_from_the_threshold_on(monkeypatch) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_spectral_symo_step_matches_reference_muon(dtype) -> None:
-    """Muon spec, widths >= SPECTRAL_NS_MIN: 5 steps of Symo (spectral) against the published Muon."""
+    """Muon spec, spectral forced: 5 steps of Symo against the published Muon."""
     torch.manual_seed(0)
-    m1 = MLP((8, 160, SPECTRAL_NS_MIN + 8, 4)).to(dtype)
+    m1 = MLP((8, 160, 136, 4)).to(dtype)
     m2 = copy.deepcopy(m1)
     opt = Symo(m1.named_parameters(), SPECS / "muon.toml", lr=0.02, backend="newton_schulz", update_scale="muon",
                ns_method="spectral", adamw_lr=0.01)
