@@ -402,8 +402,9 @@ def test_non_finite_gradient_names_the_parameter():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_non_finite_check_finds_one_bad_entry_anywhere(dtype):
-    """The check reduces each tensor to max |x|, which must carry a single NaN or inf from any position
-    (vectorised loops, tails, strided views) and must skip empty tensors."""
+    """The check first reduces each tensor to its sum, which must carry a single NaN or inf from any
+    position (vectorised loops, tails, strided views); empty tensors are skipped, and a finite tensor
+    whose sum overflows is not reported."""
     from symo.compiled import check_finite_tensors
 
     gen = torch.Generator().manual_seed(0)
@@ -415,6 +416,9 @@ def test_non_finite_check_finds_one_bad_entry_anywhere(dtype):
             g.view(-1)[flat] = bad
             with pytest.raises(NonFiniteGradientError, match="'t'"):
                 check_finite_tensors({"ok": big, "t": g.t()}, ["ok", "t"])
+    huge = torch.full((64, 64), torch.finfo(dtype).max / 2, dtype=dtype)
+    assert not torch.isfinite(huge.sum())
+    check_finite_tensors({"huge": huge}, ["huge"])  # every entry finite: no error
 
 
 def test_muon_hot_path_traces_as_one_graph():
