@@ -289,7 +289,7 @@ def test_compile_true_matches_the_eager_step_bit_for_bit(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", recording_compile)
     torch.manual_seed(0)
-    m1 = MLP((8, 16, 12, 4))
+    m1 = MLP((8, 256, 640, 4))  # fc2 (640 x 256, Y 256 x 640): the spectral form (auto on CPU) is traced too
     m2 = copy.deepcopy(m1)
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)
@@ -301,6 +301,7 @@ def test_compile_true_matches_the_eager_step_bit_for_bit(monkeypatch):
             _loss(model, x, y).backward()
             o.step()
     assert calls == [("_fast_directions_static", {"fullgraph": True})]
+    assert "L1 nat(rows2): Y 1x256x640, d=640, backend=newton_schulz (spectral)" in opts[0].describe()
     for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
         assert torch.equal(a, b), n
 
