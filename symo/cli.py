@@ -94,6 +94,8 @@ def _add_train_parser(sub) -> None:
         "cache_dir": "encoded-corpus cache folder (default: platform cache, or $SYMO_DATA_CACHE)",
         "sample_chars": "characters sampled at the end (0: none)",
         "threads": "torch CPU threads per process",
+        "ns_method": "Symo: Newton-Schulz as the iteration (iterate), through one eigh (spectral), or auto "
+                     "(spectral on CPU where cheaper); default %(default)s",
     }
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -106,7 +108,7 @@ def _add_train_parser(sub) -> None:
         else:
             kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
             t.add_argument(flag, type=kind, default=f.default, help=helps.get(f.name, "(default %(default)s)"),
-                           choices=OPTIMIZERS if f.name == "optimizer" else None)
+                           choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral")}.get(f.name))
     t.set_defaults(run=_run_train)
 
 

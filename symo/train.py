@@ -69,6 +69,7 @@ class TrainConfig:
     cache_dir: str | None = None       # encoded-corpus cache; default ~/.cache/symo/data
     progress: bool = True
     threads: int | None = None         # torch.set_num_threads (CPU); default: torch's choice
+    ns_method: str = "auto"            # Symo's Newton-Schulz evaluation: auto, iterate, spectral (SymoConfig)
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -104,7 +105,7 @@ def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
     d_head = cfg.n_embd // cfg.n_head
     sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
     return symo.Symo(named, spec, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
-                     adamw_lr=cfg.adamw_lr, sizes=sizes)
+                     adamw_lr=cfg.adamw_lr, sizes=sizes, ns_method=cfg.ns_method)
 
 
 def _settings(cfg: TrainConfig, corpus: Corpus) -> dict[str, Any]:

@@ -145,3 +145,30 @@ def test_muon_equals_reference_muon_and_torch_adamw():
                 o.step()
     for (n, a), b in zip(ours.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=n)
+
+
+def test_ns_method_reaches_the_optimizer_and_the_command_line(monkeypatch):
+    import symo.train
+    from symo.cli import main
+
+    model = tiny_model(torch.float32)
+    for method in ("iterate", "spectral"):
+        cfg = TrainConfig(n_layer=TINY["n_layer"], n_head=TINY["n_head"], n_embd=TINY["n_embd"], ns_method=method)
+        assert build_optimizer(model, cfg).config.ns_method == method
+    with pytest.raises(ValueError, match="ns_method must be auto|iterate|spectral"):
+        build_optimizer(model, TrainConfig(n_layer=TINY["n_layer"], n_head=TINY["n_head"], n_embd=TINY["n_embd"],
+                                           ns_method="svd"))
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(cfg):
+        seen.append(cfg.ns_method)
+        raise Stop
+
+    monkeypatch.setattr(symo.train, "train", fake_train)
+    for argv, expected in ((["train", "--ns-method", "iterate"], "iterate"), (["train"], "auto")):
+        assert main(argv) == 1 and seen[-1] == expected  # Stop is reported as an error, after the config
+    with pytest.raises(SystemExit):
+        main(["train", "--ns-method", "svd"])
