@@ -208,12 +208,18 @@ def main(argv: list[str] | None = None) -> None:
     if "median" in head:
         notes.append(f"target (issue 10): Symo per-head <= 1.0x Muon -> {head['median'] / muon:.2f}x; "
                      f"state {head['bytes'] / adam_bytes:.2f}x AdamW")
-    for looped, per_layer in (("Symo Muon-style (gpt_muon.toml)", "Symo Muon-style, per-layer code"),
-                              ("Symo per-head (gpt.toml)", "Symo per-head, per-layer code")):
-        a, b = results.get(looped, {}), results.get(per_layer, {})
-        if "median" in a and "median" in b:
-            notes.append(f"{looped}: step with the generated code looping over layers (templates, the default) / "
-                         f"with one copy per layer (templates=False): {a['median'] / b['median']:.2f}x")
+    # each default Symo row against its variants: what templates, the spectral evaluation and batching buy
+    variants = ((", per-layer code", "generated code looping over layers (templates, the default) / one copy per "
+                                     "layer (templates=False)"),
+                (", ns_method=iterate", "ns_method='auto' (on CPU: Newton-Schulz through one eigh of the smaller "
+                                        "Gram) / the iteration"),
+                (", batched", "batch_blocks='auto' (no stacking on CPU) / stacking same-shape blocks"))
+    for default, prefix in (("Symo Muon-style (gpt_muon.toml)", "Symo Muon-style"),
+                            ("Symo per-head (gpt.toml)", "Symo per-head")):
+        for suffix, what in variants:
+            a, b = results.get(default, {}), results.get(prefix + suffix, {})
+            if "median" in a and "median" in b:
+                notes.append(f"{default}: step time, {what}: {a['median'] / b['median']:.2f}x")
     header = [
         "# Optimizer step overhead (benchmarks/step_overhead.py)",
         "",
@@ -227,12 +233,6 @@ def main(argv: list[str] | None = None) -> None:
     ]
     step_json = {name: {"ms": r["median"] * 1e3, "x_muon": r["median"] / muon, "x_adamw": r["median"] / adam,
                          "state_x_adamw": r["bytes"] / adam_bytes} for name, r in results.items() if "median" in r}
-    for spectral, iterate in (("Symo Muon-style (gpt_muon.toml)", "Symo Muon-style, ns_method=iterate"),
-                              ("Symo per-head (gpt.toml)", "Symo per-head, ns_method=iterate")):
-        a, b = results.get(spectral, {}), results.get(iterate, {})
-        if "median" in a and "median" in b:
-            notes.append(f"{spectral}: step with ns_method='auto' (on CPU: Newton-Schulz through one eigh of the "
-                         f"smaller Gram) / with the iteration: {a['median'] / b['median']:.2f}x")
     ns = bf16_accuracy(device)
     notes.append(f"bfloat16 Newton-Schulz (ns_dtype='bfloat16') on a {ns['shape']} Gaussian, 5 quintic steps: "
                  f"relative distance to the float32 iteration {ns['bf16_vs_f32']:.3f}; to the float64 polar "
