@@ -188,6 +188,9 @@ def test_ns_method_validation() -> None:
         Symo(model.named_parameters(), SPECS / "muon.toml", ns_method=1)
     with pytest.raises(ValueError, match="ns_method='spectral'.*bfloat16"):
         Symo(model.named_parameters(), SPECS / "muon.toml", ns_method="spectral", ns_dtype="bfloat16")
+    big = (FLOAT64_EIGH_MAX + 1, FLOAT64_EIGH_MAX + 1)  # the cost model's spectral case
     opt = Symo(model.named_parameters(), SPECS / "muon.toml", ns_dtype="bfloat16")  # auto + bf16 iterates
-    assert opt._ns_method((256, 256), torch.device("cpu")) == "iterate"
-    assert Symo(model.named_parameters(), SPECS / "muon.toml")._ns_method((256, 256), torch.device("meta")) == "iterate"
+    assert opt._ns_method(big, torch.device("cpu")) == "iterate"
+    opt = Symo(model.named_parameters(), SPECS / "muon.toml")
+    assert opt._ns_method(big, torch.device("cpu")) == "spectral"
+    assert opt._ns_method(big, torch.device("cuda")) == opt._ns_method(big, torch.device("meta")) == "iterate"
