@@ -2,7 +2,7 @@
 GD, Adam, shared-scalar Adam, Muon and Symo (O(k) gauge) at matched training-loss levels.
 
     python benchmarks/hyperspectral.py                       # protocol sizes (long)
-    python benchmarks/hyperspectral.py --pixels 500 --max-steps 2000 --grid small   # the committed run
+    python benchmarks/hyperspectral.py --pixels 500 --max-steps 2000 --grid small   # a reduced run
     python benchmarks/hyperspectral.py --quick               # seconds, to a temp dir
     python benchmarks/hyperspectral.py --extra-rates gd=100 --merge-from RUNS.json   # reuses RUNS' runs
 
