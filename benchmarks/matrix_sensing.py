@@ -327,6 +327,21 @@ def plot(data: dict, path: Path) -> None:
 PARTS = {"zoo": part_zoo, "nuclear": part_nuclear, "dial": part_dial, "tail": part_tail}
 
 
+def union_runs(old: list[dict], new: list[dict]) -> list[dict]:
+    """old + new without repeats: a run is (rule, lr, seed, p, tau), and a repeat of one already held (a
+    merge run twice) is dropped, so merging is idempotent and selection never counts a run twice."""
+    def key(r: dict) -> tuple:
+        return r["rule"], float(r["lr"]), r["seed"], r.get("p"), r.get("tau")
+
+    seen = {key(r) for r in old}
+    out = list(old)
+    for r in new:
+        if key(r) not in seen:
+            seen.add(key(r))
+            out.append(r)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", default="all", help="zoo, nuclear, dial, tail or all (comma-separated)")
@@ -369,17 +384,17 @@ def main(argv: list[str] | None = None) -> dict:
                     data["commands"].append(c)
             data.setdefault("seconds", {}).update(extra.pop("seconds", {}))
             if "zoo_runs" in extra and "zoo_runs" in data:  # a grid extension: select over the union
-                extra["zoo_runs"] = data["zoo_runs"] + extra["zoo_runs"]
+                extra["zoo_runs"] = union_runs(data["zoo_runs"], extra["zoo_runs"])
                 extra["zoo"] = summarize_zoo(extra["zoo_runs"])
             if "dial_runs" in extra and "dial_runs" in data:  # two grids of the dial: select over their union
-                extra["dial_runs"] = data["dial_runs"] + extra["dial_runs"]
+                extra["dial_runs"] = union_runs(data["dial_runs"], extra["dial_runs"])
                 extra["dial"] = summarize_dial(extra["dial_runs"])
             tail_runs += extra.pop("tail_runs", [])
             extra.pop("tail", None)
             data.update(extra)
         if tail_runs:  # the merged files' tail runs together replace the tail of --out's file (or join it)
             if args.join_tail:
-                tail_runs = data.get("tail_runs", []) + tail_runs
+                tail_runs = union_runs(data.get("tail_runs", []), tail_runs)
             data["tail_runs"], data["tail"] = tail_runs, summarize_tail(tail_runs)
         if args.notes_file:
             data["notes"] = [x.strip() for x in args.notes_file.read_text().splitlines() if x.strip()]

@@ -110,3 +110,5 @@ def test_tail_grid_extension_joins_the_tail_on_merge(tmp_path):
     assert all(t["grid"] == [0.003, 0.01] for t in data["tail"])
     assert len(data["tail_runs"]) == 4 and len(data["commands"]) == 2
     assert "--tail-grid gd=0.003" in (base / "matrix_sensing.md").read_text()
+    again = ms.main(["--merge-from", str(ext / "matrix_sensing.json"), "--join-tail", "--out", str(base)])
+    assert len(again["tail_runs"]) == 4 and again["tail"] == data["tail"]  # merging twice changes nothing
