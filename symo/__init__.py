@@ -14,7 +14,7 @@ from typing import Any
 
 from . import models
 from . import zoo as zoo
-from .compiled import BlockInfo, CompiledSpec, NonFiniteGradientError
+from .compiled import BlockInfo, CompiledSpec, NonFiniteGradientError, NonFiniteUpdateError
 from .compiler import Spec as Spec
 from .compiler import SpecError, compile_spec, load_spec, parse_spec
 from .curvature import Curvature
@@ -22,11 +22,12 @@ from .equivariance import SymmetryReport, check_symmetry
 from .gauge import EquivarianceReport, check_equivariance
 from .infer import Inference, check_spec, infer, infer_spec
 from .optim import Symo, SymoConfig
+from .presets import PRESETS
 
 __version__ = "0.1.0"
 __all__ = [
-    "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "Spec", "SpecError",
-    "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
+    "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "NonFiniteUpdateError", "Spec", "SpecError",
+    "PRESETS", "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
     "EquivarianceReport", "check_equivariance", "zoo",
 ]
 __all__ += ["Inference", "check_spec", "infer", "infer_spec"]
