@@ -83,6 +83,8 @@ def _add_train_parser(sub) -> None:
         "out_dir": "run folder for log.csv, loss.png, ckpt.pt (default runs/<data>-<optimizer>-<time>)",
         "optimizer": f"one of {', '.join(OPTIMIZERS)}",
         "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
+        "preset": "Symo's preset: paper (averaged S^-1/2, no momentum, float64 powers), muon or shampoo; "
+                  "default: Muon's options at Muon's scale; --lr defaults to the preset's rate",
         "lr": f"learning rate of the hidden matrices (AdamW: of all parameters); default {DEFAULT_LR}",
         "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
         "warmup": "linear warm-up steps (then cosine decay to --min-lr-ratio x lr)",
@@ -108,7 +110,8 @@ def _add_train_parser(sub) -> None:
         else:
             kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
             t.add_argument(flag, type=kind, default=f.default, help=helps.get(f.name, "(default %(default)s)"),
-                           choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral")}.get(f.name))
+                           choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral"),
+                                    "preset": ("paper", "muon", "shampoo")}.get(f.name))
     t.set_defaults(run=_run_train)
 
 

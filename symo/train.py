@@ -35,8 +35,8 @@ OPTIMIZERS = ("symo", "muon", "adamw")
 DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 4e-3}
 # Settings a resumed checkpoint must share with the run: they change the model, the optimizer or the
 # sequence of batches and learning rates.
-RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "lr",
-               "adamw_lr", "weight_decay", "warmup", "min_lr_ratio", "batch_size", "steps", "seed")
+RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "preset",
+               "lr", "adamw_lr", "weight_decay", "warmup", "min_lr_ratio", "batch_size", "steps", "seed")
 
 
 @dataclass
@@ -52,6 +52,7 @@ class TrainConfig:
     bias: bool = True
     optimizer: str = "symo"
     spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
+    preset: str | None = None          # Symo's preset (symo.presets: paper, muon, shampoo); None: Muon's scale
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
     weight_decay: float = 0.0
@@ -79,8 +80,19 @@ class TrainConfig:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.preset is not None:
+            from .presets import get_preset
+
+            if self.optimizer != "symo":
+                raise ValueError(f"--preset applies to --optimizer symo, not {self.optimizer!r}")
+            try:
+                default_lr = get_preset(self.preset).lr
+            except ValueError as err:
+                raise ValueError(f"--preset: {err}") from None
+        else:
+            default_lr = DEFAULT_LR[self.optimizer]
         if self.lr is None:
-            self.lr = DEFAULT_LR[self.optimizer]
+            self.lr = default_lr
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -104,6 +116,10 @@ def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
     spec = symo.load_spec(cfg.spec)
     d_head = cfg.n_embd // cfg.n_head
     sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
+    if cfg.preset is not None:  # the preset's options; --ns-method overrides only when set
+        extra = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
+        return symo.Symo(named, spec, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
+                         adamw_lr=cfg.adamw_lr, sizes=sizes, **extra)
     return symo.Symo(named, spec, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
                      adamw_lr=cfg.adamw_lr, sizes=sizes, ns_method=cfg.ns_method)
 
