@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = {"sizes": (6, 5, 4), "n_train": 40, "n_test": 30}
 
 
-def test_tiny_run_writes_the_json_the_issue_names(tmp_path):
+def test_tiny_run_writes_json_md_and_png(tmp_path):
     results = pm.benchmark(("tanh", "linear"), seeds=2, steps=3, grid=(1e-3, 3e-3, 1e-2), checkpoints=(1, 3),
                            **TINY)
     fit = {act: [pm.linear_fit_test_loss(act, s, **TINY) for s in range(2)] for act in results}
