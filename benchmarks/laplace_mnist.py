@@ -105,7 +105,7 @@ def lt_numbers(la) -> int:
     return h.numel()
 
 
-def fit_method(name: str, model: MLP, loader: DataLoader, hidden: int, seed: int):
+def fit_method(name: str, model: MLP, loader: DataLoader, hidden: int, seed: int, estimator: str = "ggn"):
     """(deltas-sampler, the parameters it perturbs, numbers stored, prior precision) after fit + tuning."""
     params = dict(model.named_parameters())
     if name.startswith("lt_"):
@@ -140,7 +140,7 @@ def fit_method(name: str, model: MLP, loader: DataLoader, hidden: int, seed: int
                    "symo_coarser": ("mlp_tanh", None),
                    "symo_finer": (SPECS / "mlp_relu_halves.toml", {"h1a": hidden // 2, "h2a": hidden // 2})}[name]
     subset = "last_layer" if name.endswith("last_layer") else None
-    la = SymoLaplace(model, spec, "classification", subset=subset, sizes=sizes, chunk_size=64)
+    la = SymoLaplace(model, spec, "classification", subset=subset, sizes=sizes, estimator=estimator, chunk_size=64)
     la.fit(loader, generator=torch.Generator().manual_seed(seed))
     la.optimize_prior_precision(method="marglik")
 
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> dict:
             if name == "map":
                 names, deltas, numbers, prior = None, None, 0, None
             else:
-                sampler, names, numbers, prior = fit_method(name, model, loader, args.hidden, seed)
+                sampler, names, numbers, prior = fit_method(name, model, loader, args.hidden, seed, args.symo_estimator)
                 fit_s[name] = time.perf_counter() - t0
                 deltas = sampler(args.samples, torch.Generator().manual_seed(1000 + seed))
             row = metrics(predict(model, names, deltas, x_test), y_test)
@@ -235,7 +235,8 @@ def write(summary: dict, raw: dict, command: str, stem: str) -> None:
              f"batch 128, {cfg['epochs']} epochs) on a fixed subset of {cfg['n_train']:,} MNIST training images; "
              f"seeds {cfg['seeds']}; one CPU thread. Test metrics on {cfg['n_test']:,} test images; rotated metrics "
              f"on the first {cfg['n_rot']:,} test images. Laplace predictions: linearised (GLM) predictive by "
-             f"Monte Carlo with {cfg['samples']} posterior draws. Mean over seeds (± std for NLL and ECE).", "",
+             f"Monte Carlo with {cfg['samples']} posterior draws. Symo estimator: {cfg['symo_estimator']}. "
+             "Mean over seeds (± std for NLL and ECE).", "",
              "| method | accuracy | NLL | ECE | Brier | NLL 90° | NLL 180° | posterior numbers | prior prec. | "
              "fit s | fit x K-FAC |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summary.items():
@@ -250,7 +251,7 @@ def write(summary: dict, raw: dict, command: str, stem: str) -> None:
                   "| method | " + " | ".join(angles) + " |", "|---|" + "---|" * len(angles)]
         for name, s in summary.items():
             lines.append(f"| {name} | " + " | ".join(f"{s['rotated'][a][metric]:.3f}" for a in angles) + " |")
-    lines += ["", "Plot: `laplace_mnist.png` (NLL and ECE against the rotation angle).", ""]
+    lines += ["", f"Plot: `{stem}.png` (NLL and ECE against the rotation angle).", ""]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines))
     try:
         import matplotlib
@@ -279,14 +280,16 @@ def write(summary: dict, raw: dict, command: str, stem: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--n-train", type=int, default=8000)
+    p.add_argument("--n-train", type=int, default=10000)
     p.add_argument("--n-test", type=int, default=10000)
     p.add_argument("--n-rot", type=int, default=1000)
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--angles", type=float, nargs="+", default=[0, 30, 60, 90, 120, 150, 180])
     p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    p.add_argument("--symo-estimator", default="ggn", choices=["ggn", "ggn_exact", "ggn_mc", "ef"])
+    p.add_argument("--tag", default="", help="suffix of the output files (laplace_mnist_TAG.*)")
     p.add_argument("--quick", action="store_true", help="tiny smoke run; writes laplace_mnist_quick.*")
     args = p.parse_args()
     if args.quick:
@@ -297,8 +300,9 @@ def main() -> None:
     args.lt_version = getattr(laplace, "__version__", "0.3")
     raw = run(args)
     command = "python benchmarks/laplace_mnist.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
-    write(summarise(raw), raw, command, "laplace_mnist_quick" if args.quick else "laplace_mnist")
-    print((RESULTS / ("laplace_mnist_quick.md" if args.quick else "laplace_mnist.md")).read_text())
+    stem = "laplace_mnist" + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
+    write(summarise(raw), raw, command, stem)
+    print((RESULTS / f"{stem}.md").read_text())
 
 
 if __name__ == "__main__":
