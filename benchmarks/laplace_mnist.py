@@ -236,7 +236,7 @@ def write(summary: dict, raw: dict, command: str, stem: str) -> None:
              f"seeds {cfg['seeds']}; one CPU thread. Test metrics on {cfg['n_test']:,} test images; rotated metrics "
              f"on the first {cfg['n_rot']:,} test images. Laplace predictions: linearised (GLM) predictive by "
              f"Monte Carlo with {cfg['samples']} posterior draws. Symo estimator: {cfg['symo_estimator']}. "
-             "Mean over seeds (± std for NLL and ECE).", "",
+             f"Mean over seeds (± std for NLL and ECE). Wall time {cfg.get('wall_minutes', '?')} min.", "",
              "| method | accuracy | NLL | ECE | Brier | NLL 90° | NLL 180° | posterior numbers | prior prec. | "
              "fit s | fit x K-FAC |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summary.items():
@@ -298,7 +298,9 @@ def main() -> None:
     import laplace
 
     args.lt_version = getattr(laplace, "__version__", "0.3")
+    start = time.perf_counter()
     raw = run(args)
+    raw["config"]["wall_minutes"] = round((time.perf_counter() - start) / 60, 1)
     command = "python benchmarks/laplace_mnist.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
     stem = "laplace_mnist" + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
     write(summarise(raw), raw, command, stem)

@@ -106,6 +106,7 @@ class SymoLaplace:
         self.H_factors: dict[str, torch.Tensor] | None = None
         self.H_diag: dict[str, torch.Tensor] = {}
         self.loss, self.n_data, self.n_outputs = 0.0, 0, 0
+        self.estimator_used: str | None = None  # the concrete estimator fit() ran ("ggn" resolved)
 
     # ------------------------------------------------------------------ parameters of the posterior
     @property
