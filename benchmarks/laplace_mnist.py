@@ -5,7 +5,8 @@ A ReLU MLP 784-H-H-10 (symo.models.MLP) is trained by Adam on a subset of MNIST 
 
 - `map`: the network's own softmax;
 - `lt_diag`, `lt_kron`, `lt_last_layer`: laplace-torch 0.3's diagonal, K-FAC and last-layer (full
-  covariance over the last layer) Laplace, each with its default GGN back-end (curvlinops, exact GGN);
+  covariance over the last layer) Laplace, on the exact GGN (ASDL back-end for the first two,
+  curvlinops for the last layer; see `fit_method`);
 - `symo_true`: SymoLaplace with the true symmetry (specs/mlp_relu.toml: perm of each hidden layer);
 - `symo_coarser`: a bigger group (specs/mlp_tanh.toml: signed perms, relaxed for ReLU): smaller
   commutant, fewer numbers;
@@ -23,8 +24,10 @@ ECE on `--n-rot` test images rotated by each angle (torch affine_grid / grid_sam
 memory in numbers stored; fit time (construction + fit + prior tuning) over K-FAC Laplace's in the
 same run.
 
-    python benchmarks/laplace_mnist.py                 # the committed run (~12 min on one core)
+    python benchmarks/laplace_mnist.py                 # the committed run (11.4 min, one thread, busy machine)
     python benchmarks/laplace_mnist.py --quick         # smoke run (~1 min)
+    python benchmarks/laplace_mnist.py --seeds 0 --methods map lt_kron symo_true symo_true_last_layer \
+        --symo-estimator ggn_exact --tag exact_ggn      # the exact-GGN check (laplace_mnist_exact_ggn.*)
 """
 
 from __future__ import annotations
