@@ -23,6 +23,16 @@ from symo.models import MLP
 D = torch.float64
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny float64 problems: one thread avoids oversubscribing a shared machine (small ops with two
+    spinning threads on busy cores ran 100 times slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from test_laplace import D, make_problem, relative_error
+from test_laplace import D, _one_thread, make_problem, relative_error  # noqa: F401 (autouse fixture)
 
 import symo
 from symo.laplace import SymoLaplace
