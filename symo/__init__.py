@@ -52,3 +52,4 @@ def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | Non
                         f"got {type(spec).__name__}")
     return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache))
 from . import hessian as hessian  # noqa: E402
+from . import laplace as laplace  # noqa: E402
