@@ -234,8 +234,9 @@ class Symo(torch.optim.Optimizer):
                              "keyword, e.g. Symo(params, spec, preset='paper', beta2=0.99)")
         if lr is None:
             lr = self.preset.lr if self.preset is not None else 1e-3
-        self._base_config = SymoConfig(**self.preset.values) if self.preset is not None else (config or SymoConfig())
-        cfg = replace(self._base_config, **overrides)
+        # what describe() compares against: the preset, or the documented defaults
+        self._base_config = SymoConfig(**self.preset.values) if self.preset is not None else SymoConfig()
+        cfg = replace(config or self._base_config, **overrides)
         self.config = cfg
         if sizes is not None and not isinstance(sizes, Mapping):
             raise TypeError(f"sizes must be a dict {{space: int}}, got {type(sizes).__name__}")
@@ -334,7 +335,8 @@ class Symo(torch.optim.Optimizer):
     def _preset_line(self) -> str:
         """The preset (or the defaults) and every option that differs from it."""
         base = self._base_config
-        diff = [f"{f.name}={getattr(self.config, f.name)!r} (preset: {getattr(base, f.name)!r})"
+        word = "preset" if self.preset is not None else "default"
+        diff = [f"{f.name}={getattr(self.config, f.name)!r} ({word}: {getattr(base, f.name)!r})"
                 for f in fields(SymoConfig) if getattr(self.config, f.name) != getattr(base, f.name)]
         if self.preset is not None:
             head = f"preset {self.preset.name!r}: {self.preset.summary}"

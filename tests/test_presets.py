@@ -192,3 +192,10 @@ def test_bad_preset_and_preset_with_config_are_clear_errors():
         Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="papr")
     with pytest.raises(ValueError, match="preset='paper' or config=, not both"):
         Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="paper", config=SymoConfig())
+
+
+def test_describe_with_a_config_and_no_preset_compares_with_the_defaults():
+    model = MLP((6, 10, 8, 4))
+    opt = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", config=SymoConfig(beta2=0.9), damping=0.0)
+    text = " ".join(line.strip() for line in opt.describe().splitlines())
+    assert "no preset" in text and "beta2=0.9 (default: 0.0)" in text and "damping=0.0 (default: 1e-06)" in text
