@@ -20,12 +20,22 @@ from .compiled import fit_lines
 from .compiler import SpecError
 
 
+def _import(module: str):
+    """Import `module` as `python -m` does: the current folder comes first on sys.path, so
+    `--model mymodels:factory` finds ./mymodels.py (the `symo` console script alone would not)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
+    return importlib.import_module(module)
+
+
 def _load_factory(text: str):
     module, _, attr = text.partition(":")
     if not attr:
         raise SystemExit(f"--model expects module:factory (e.g. symo.models:gpt_small), got {text!r}")
     try:
-        factory = getattr(importlib.import_module(module), attr)
+        factory = getattr(_import(module), attr)
     except (ImportError, AttributeError) as exc:
         raise SystemExit(f"--model {text!r}: {exc}") from None
     if not callable(factory):
@@ -327,7 +337,7 @@ def _optimizer_factory(name: str, lr: float | None):
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            return getattr(_import(module), attr)
         except (ImportError, AttributeError) as exc:
             raise SystemExit(f"optimizer {name!r}: {exc}") from exc
     if name == "sgd":
@@ -353,7 +363,7 @@ def _equivariance(args) -> int:
         model = _load_factory(args.model)
         module, _, attr = args.loss.partition(":")
         try:
-            loss = getattr(importlib.import_module(module), attr)
+            loss = getattr(_import(module), attr)
         except (ImportError, AttributeError, ValueError) as exc:
             raise SystemExit(f"--loss {args.loss!r}: {exc}") from exc
     all_ok = True
