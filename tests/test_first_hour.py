@@ -45,3 +45,20 @@ def test_console_script_finds_a_model_in_the_current_folder(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "4 parameters, 32 numbers" in done.stdout
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_readme_says_how_to_call_the_cli_and_lists_each_folder_once() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    quickstart_end = readme.index("## Python API")
+    first_cli = readme.index("symo params --model")
+    assert "source .venv/bin/activate" in readme[:quickstart_end] and ".venv/bin/symo" in readme[:quickstart_end]
+    assert readme.index("source .venv/bin/activate") < first_cli < quickstart_end
+    layout = readme[readme.index("## Layout"):].split("```")[1]
+    folders = [line.split()[0] for line in layout.splitlines() if line[:1].strip()]
+    assert len(folders) == len(set(folders)), folders
+    for folder in folders:
+        if folder.endswith("/"):
+            assert (REPO / folder).is_dir(), folder
