@@ -198,7 +198,7 @@ def depth_entry(depths: tuple[int, ...] = (12, 100, 400, 1000), reps: int = 3) -
     the per-layer path (`templates=False`, what every spec compiled to before), alternating."""
     import os
 
-    from tqdm import tqdm
+    from symo.progress import progress as tqdm
 
     load_before = os.getloadavg()
     points = [(group, layers) for group in ("perm", "signed_perm") for layers in depths]

@@ -26,7 +26,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+
+from symo.progress import progress as tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlp_common as mc  # noqa: E402

@@ -112,7 +112,8 @@ def _add_train_parser(sub) -> None:
         if f.name == "bias":
             t.add_argument("--no-bias", dest="bias", action="store_false", help="no biases in Linear / LayerNorm")
         elif f.name == "progress":
-            t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+            t.add_argument("--no-progress", dest="progress", action="store_false",
+                           help="no progress bar (the results, the sample and the paths are still printed)")
         elif f.type in ("bool", bool):
             t.add_argument(flag, action="store_true", help=helps.get(f.name))
         else:
@@ -140,7 +141,7 @@ def _run_train(args: argparse.Namespace) -> int:
     finally:
         if dist.is_initialized():  # under torchrun
             dist.destroy_process_group()
-    if result.get("sample") is not None and args.progress:
+    if result.get("sample") is not None:  # rank 0; --no-progress silences only the progress bar
         h = result["history"]
         train_loss = next((v for v in reversed(h["train_loss"]) if v == v), float("nan"))
         print(f"\nstep {result['steps']}: val loss {result['final_val']:.4f} (train {train_loss:.4f}), "

@@ -218,16 +218,18 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
                                         "history": history, "base_lrs": base_lrs, "settings": settings})
             write_csv(run_dir / "log.csv", history)
 
-    lead = rank == 0 and cfg.progress
+    lead = rank == 0
     if lead:
         n_params = sum(p.numel() for p in model.parameters())
         print(f"symo train: {cfg.optimizer} (lr {cfg.lr:g}{', spec ' + cfg.spec if cfg.optimizer == 'symo' else ''}), "
               f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {n_params / 1e6:.2f}M parameters), "
               f"{corpus.name} ({len(corpus.ids):,} chars, vocabulary {corpus.vocab_size}), batch {cfg.batch_size}x"
               f"{cfg.block_size}, {world} process(es) on {cfg.device}\nrun folder: {run_dir}", flush=True)
-    from tqdm.auto import tqdm
+    from .progress import progress
 
-    bar = tqdm(total=cfg.steps, initial=start, disable=not lead, unit="step", dynamic_ncols=True)
+    # --no-progress silences the bar only; on a log file or pipe the bar is plain periodic lines
+    bar = progress(total=cfg.steps, initial=start, disable=not (lead and cfg.progress), unit="step",
+                   dynamic_ncols=True)
     step_times: list[float] = []
     elapsed0 = history["elapsed_s"][-1] if history["elapsed_s"] else 0.0
     t_run = time.perf_counter()
@@ -277,7 +279,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
         done = int(history["step"][-1])
         if clean:
             checkpoint(done)
-        if rank == 0 and cfg.progress:
+        if rank == 0:
             print(f"\ninterrupted: checkpoint of step {done} written to {ckpt_path}; continue with: symo train "
                   f"--resume --out-dir {run_dir} (and the same options)" if clean else
                   "\ninterrupted mid-step: the last checkpoint was kept", flush=True)

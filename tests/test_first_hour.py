@@ -62,3 +62,47 @@ def test_readme_says_how_to_call_the_cli_and_lists_each_folder_once() -> None:
     for folder in folders:
         if folder.endswith("/"):
             assert (REPO / folder).is_dir(), folder
+
+
+def _train_args(tmp_path: Path) -> list[str]:
+    from test_train_run import tiny
+
+    cfg = tiny(tmp_path)
+    return ["train", "--data", cfg.data, "--cache-dir", cfg.cache_dir, "--out-dir", cfg.out_dir, "--n-layer", "1",
+            "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "4", "--steps", "3",
+            "--eval-interval", "2", "--eval-batches", "1", "--sample-chars", "20", "--optimizer", "adamw",
+            "--threads", "1"]
+
+
+def test_no_progress_silences_only_the_bar(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = _train_args(tmp_path)
+    run = Path(args[args.index("--out-dir") + 1])
+    assert symo.cli.main([*args, "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert f"run folder: {run}" in out and "step 3: val loss" in out and "--- sample ---" in out
+    assert f"loss plot: {run / 'loss.png'}" in out and f"checkpoint: {run / 'ckpt.pt'}" in out
+    assert "steps" not in err and "\r" not in err  # no bar at all
+
+
+def test_progress_on_a_log_file_is_plain_lines(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """capsys is not a terminal, as a log file is not: the bar becomes whole lines, no carriage returns."""
+    assert symo.cli.main(_train_args(tmp_path)) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("1/3 steps (33%)") and lines[-1].startswith("3/3 steps (100%)"), lines
+    assert "loss " in lines[-1] and "val " in lines[-1]
+
+
+def test_plain_progress_lines_are_periodic(capsys: pytest.CaptureFixture) -> None:
+    from symo.progress import PlainProgress, progress
+
+    assert isinstance(progress(total=3), PlainProgress)  # capsys's stderr is no terminal
+    for _ in progress(range(5), desc="runs", unit="run", interval=3600):
+        pass
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(",")[0] for line in lines] == ["runs: 1/5 runs (20%)", "runs: 5/5 runs (100%)"]
+    for _ in progress(range(3), unit="run", interval=0):
+        pass
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(",")[0] for line in lines] == ["1/3 runs (33%)", "2/3 runs (67%)", "3/3 runs (100%)"]
