@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--source", action="store_true", help="also print the generated code")
     c.add_argument("--optimizer", action="store_true",
                    help="also report the Symo optimizer it builds (default options; needs --model)")
+    c.add_argument("--no-check", dest="check", action="store_false",
+                   help="with --model: skip the symmetry check (by default each space is checked as `symo check` "
+                        "does, and every space that is not a true symmetry is named in a warning)")
     c.set_defaults(run=_compile_command)
     _add_params_command(sub)
     _add_check_parser(sub)
@@ -194,16 +197,17 @@ def main(argv: list[str] | None = None) -> int:
 def _compile_command(args: argparse.Namespace) -> int:
     import symo
 
+    if args.optimizer and not args.model:  # before any output: a usage error prints nothing else
+        print("error: --optimizer needs --model (the optimizer needs parameters)", file=sys.stderr)
+        return 2
+    sizes = _parse_sizes(args.size) or None
     target = _load_factory(args.model) if args.model else _parse_shapes(args.shapes)
-    compiled = symo.compile(args.spec, target, sizes=_parse_sizes(args.size) or None,
-                            disk_cache=not args.no_disk_cache)
+    spec = symo.load_spec(args.spec)
+    compiled = symo.compile(spec, target, sizes=sizes, disk_cache=not args.no_disk_cache)
     print(compiled.describe())
     if args.source:
         print(compiled.source)
     if args.optimizer:
-        if not args.model:
-            print("error: --optimizer needs --model (the optimizer needs parameters)", file=sys.stderr)
-            return 2
         opt = symo.Symo(target.named_parameters(), compiled)
         print()
         print(opt.describe())
@@ -212,7 +216,42 @@ def _compile_command(args: argparse.Namespace) -> int:
             f"optimizer state (numbers): Symo {m['symo']:,} (block statistics {m['symo_block_statistics']:,}) | "
             f"AdamW {m['adamw']:,} ({m['symo'] / m['adamw']:.2f}x of AdamW) | "
             f"Shampoo factors + AdamW {m['shampoo']:,} ({m['symo'] / max(m['shampoo'], 1):.2f}x of Shampoo)"]))
+    print()
+    if not args.model:
+        print(f"symmetry not checked (no model): run `symo check {args.spec} --model module:factory` to see which "
+              "spaces are true symmetries")
+    elif args.check:
+        _warn_relaxed(spec, target, args, sizes)
     return 0
+
+
+def _warn_relaxed(spec, model, args: argparse.Namespace, sizes: dict[str, int] | None) -> None:
+    """`symo compile --model`: the check of `symo check` (symo.check_spec); one warning per space that
+    is not a true symmetry of the model, on stderr."""
+    from .infer import check_spec
+
+    tolerance = 1e-9
+    try:
+        rows = check_spec(spec, model, sizes=sizes, tolerance=tolerance)
+    except Exception as exc:  # the user's model could not run the check: say so, the compile stands
+        sys.stdout.flush()
+        print(f"warning: symmetry not checked ({type(exc).__name__}: {str(exc)[:300]}); run `symo check "
+              f"{args.spec} --model {args.model}` once the model runs on example inputs", file=sys.stderr)
+        return
+    relaxed = [r for r in rows if r.status == "relaxed"]
+    checked = sum(r.status != "identity" for r in rows)
+    if not relaxed:
+        print(f"symmetry check: all {checked} spaces with a group are true symmetries of the model "
+              f"(float64; --no-check skips it)")
+        return
+    sys.stdout.flush()
+    width = max(len(r.space) for r in relaxed)
+    lines = [f"warning: {len(relaxed)} of {checked} spaces are not true symmetries of the model (relaxed, the "
+             "outputs change; fine if intended):"]
+    lines += [f"  {r.space:<{width}}  {r.group + (f' per {r.per}' if r.per else ''):<24} size {r.size:>6}  "
+              f"relative output change {r.rel_change:.2e}" for r in relaxed]
+    lines.append(f"  details: symo check {args.spec} --model {args.model}; --no-check skips this check")
+    print("\n".join(lines), file=sys.stderr)
 
 
 def _add_params_command(sub) -> None:

@@ -106,3 +106,43 @@ def test_plain_progress_lines_are_periodic(capsys: pytest.CaptureFixture) -> Non
         pass
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(",")[0] for line in lines] == ["1/3 runs (33%)", "2/3 runs (67%)", "3/3 runs (100%)"]
+
+
+TANH_SPEC = '''
+[spaces]
+h1 = { group = "orthogonal" }       # not a symmetry of tanh: rotations do not commute with it
+h2 = { group = "signed_perm" }      # a true symmetry (tanh is odd)
+[params]
+"fc1.weight" = ["h1", "_"]
+"fc1.bias"   = ["h1"]
+"fc2.weight" = ["h2", "h1"]
+"fc2.bias"   = ["h2"]
+"fc3.weight" = ["_", "h2"]
+'''
+
+
+def test_compile_with_a_model_warns_about_each_relaxed_space(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    spec = tmp_path / "tanh.toml"
+    spec.write_text(TANH_SPEC)
+    base = ["compile", str(spec), "--model", "symo.models:mlp_tanh", "--no-disk-cache"]
+    assert symo.cli.main(base) == 0
+    out, err = capsys.readouterr()
+    assert "isotypic" in out.lower() or "block" in out.lower()
+    warned = [line.split()[0] for line in err.splitlines() if line.startswith("  ") and "output change" in line]
+    assert warned == ["h1"], err  # named, and only the relaxed one
+    assert err.startswith("warning: 1 of 2 spaces are not true symmetries") and "symo check" in err
+    assert symo.cli.main([*base, "--no-check"]) == 0
+    assert capsys.readouterr().err == ""
+    assert symo.cli.main(["compile", "mlp_tanh", "--model", "symo.models:mlp_tanh", "--no-disk-cache"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "all 2 spaces with a group are true symmetries" in out
+
+
+def test_compile_without_a_model_points_to_symo_check(capsys: pytest.CaptureFixture) -> None:
+    shapes = "fc1.weight=16x8,fc1.bias=16,fc2.weight=16x16,fc2.bias=16,fc3.weight=4x16,fc3.bias=4"
+    assert symo.cli.main(["compile", "mlp_tanh", "--shapes", shapes, "--no-disk-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "symmetry not checked (no model): run `symo check mlp_tanh --model module:factory`" in out
+    assert symo.cli.main(["compile", "mlp_tanh", "--shapes", shapes, "--no-disk-cache", "--optimizer"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --optimizer needs --model")
