@@ -33,10 +33,13 @@ __all__ += ["Inference", "check_spec", "infer", "infer_spec"]
 
 
 def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | None = None,
-            cache_dir: str | Path | None = None, disk_cache: bool = True) -> CompiledSpec:
+            cache_dir: str | Path | None = None, disk_cache: bool = True, strict: bool = True) -> CompiledSpec:
     """Compile a spec (a `Spec`, or a path to a spec file) for `shapes` ({name: shape} or an nn.Module).
 
     `sizes` supplies space sizes the shapes cannot decide, e.g. {"head{i}": 4} for n_head.
+    `strict=False` compiles the spec for a subset of the parameters it was written for (fine-tuning
+    part of a model): rules that match no parameter are dropped, with the spaces and blocks that
+    then have none; with `strict=True` such a rule is a SpecError.
     The generated code is cached in memory and on disk (see README, "Kernel cache"); a second call
     with the same spec and shapes costs a parse and a hash.
     """
@@ -49,5 +52,8 @@ def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | Non
     elif not isinstance(spec, Spec):
         raise TypeError(f"compile: spec must be a Spec, a path or a bundled spec name (e.g. 'gpt_muon'), "
                         f"got {type(spec).__name__}")
-    return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache))
+    if not isinstance(strict, bool):
+        raise TypeError(f"compile: strict must be True or False, got {strict!r}")
+    return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache,
+                                     strict=strict))
 from . import hessian as hessian  # noqa: E402

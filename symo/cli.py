@@ -93,6 +93,7 @@ def _add_train_parser(sub) -> None:
         "out_dir": "run folder for log.csv, loss.png, ckpt.pt (default runs/<data>-<optimizer>-<time>)",
         "optimizer": f"one of {', '.join(OPTIMIZERS)}",
         "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
+        "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
         "lr": f"learning rate of the hidden matrices (AdamW: of all parameters); default {DEFAULT_LR}",
         "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
         "warmup": "linear warm-up steps (then cosine decay to --min-lr-ratio x lr)",
@@ -170,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--source", action="store_true", help="also print the generated code")
     c.add_argument("--optimizer", action="store_true",
                    help="also report the Symo optimizer it builds (default options; needs --model)")
+    c.add_argument("--partial", action="store_true",
+                   help="the parameters are a subset of those the spec was written for: drop the rules that match "
+                        "none (default: such a rule is an error)")
     c.add_argument("--no-check", dest="check", action="store_false",
                    help="with --model: skip the symmetry check (by default each space is checked as `symo check` "
                         "does, and every space that is not a true symmetry is named in a warning)")
@@ -203,7 +207,7 @@ def _compile_command(args: argparse.Namespace) -> int:
     sizes = _parse_sizes(args.size) or None
     target = _load_factory(args.model) if args.model else _parse_shapes(args.shapes)
     spec = symo.load_spec(args.spec)
-    compiled = symo.compile(spec, target, sizes=sizes, disk_cache=not args.no_disk_cache)
+    compiled = symo.compile(spec, target, sizes=sizes, disk_cache=not args.no_disk_cache, strict=not args.partial)
     print(compiled.describe())
     if args.source:
         print(compiled.source)
@@ -232,7 +236,7 @@ def _warn_relaxed(spec, model, args: argparse.Namespace, sizes: dict[str, int] |
 
     tolerance = 1e-9
     try:
-        rows = check_spec(spec, model, sizes=sizes, tolerance=tolerance)
+        rows = check_spec(spec, model, sizes=sizes, tolerance=tolerance, strict=not args.partial)
     except Exception as exc:  # the user's model could not run the check: say so, the compile stands
         sys.stdout.flush()
         print(f"warning: symmetry not checked ({type(exc).__name__}: {str(exc)[:300]}); run `symo check "
@@ -282,6 +286,7 @@ def _add_check_parser(sub) -> None:
     c.add_argument("--size", action="append", default=[], help="space size the shapes leave open, e.g. head{i}=4")
     c.add_argument("--trials", type=int, default=2, help="random group elements per space (default 2)")
     c.add_argument("--tolerance", type=float, default=1e-9, help="relative output change counted as zero (float64)")
+    c.add_argument("--partial", action="store_true", help="drop the spec's rules that match no parameter")
     c.set_defaults(run=_run_check)
 
 
@@ -292,7 +297,7 @@ def _run_check(args) -> int:
     model = _load_factory(args.model)
     try:
         rows = check_spec(args.spec, model, sizes=_parse_sizes(args.size) or None, trials=args.trials,
-                          tolerance=args.tolerance)
+                          tolerance=args.tolerance, strict=not args.partial)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

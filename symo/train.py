@@ -52,6 +52,7 @@ class TrainConfig:
     bias: bool = True
     optimizer: str = "symo"
     spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
+    partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
     weight_decay: float = 0.0
@@ -104,8 +105,9 @@ def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
     spec = symo.load_spec(cfg.spec)
     d_head = cfg.n_embd // cfg.n_head
     sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
-    return symo.Symo(named, spec, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
-                     adamw_lr=cfg.adamw_lr, sizes=sizes, ns_method=cfg.ns_method)
+    compiled = symo.compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
+    return symo.Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
+                     adamw_lr=cfg.adamw_lr, ns_method=cfg.ns_method)
 
 
 def _settings(cfg: TrainConfig, corpus: Corpus) -> dict[str, Any]:

@@ -146,3 +146,55 @@ def test_compile_without_a_model_points_to_symo_check(capsys: pytest.CaptureFixt
     assert symo.cli.main(["compile", "mlp_tanh", "--shapes", shapes, "--no-disk-cache", "--optimizer"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: --optimizer needs --model")
+
+
+def _tanh_shapes() -> dict[str, tuple[int, ...]]:
+    return {n: tuple(p.shape) for n, p in symo.models.mlp_tanh().named_parameters()}
+
+
+def test_partial_spec_for_a_subset_of_the_parameters() -> None:
+    """strict=False drops the rules whose parameters are absent; what remains equals the spec written by
+    hand for the subset (compared as dense curvature on random gradients)."""
+    import torch
+
+    subset = {n: s for n, s in _tanh_shapes().items() if n.startswith("fc1.")}  # fine-tune layer 1 only
+    with pytest.raises(symo.SpecError, match=r"strict=False \(CLI: --partial\)"):
+        symo.compile("mlp_tanh", subset)
+    partial = symo.compile("mlp_tanh", subset, strict=False, sizes={"h2": 16})  # h2's size: ignored, unused
+    by_hand = symo.compile(symo.parse_spec('[spaces]\nh1 = "signed_perm"\n[params]\n"fc1.weight" = ["h1", "_"]\n'
+                                           '"fc1.bias" = ["h1"]\n'), subset)
+    assert partial.param_names == by_hand.param_names == ["fc1.weight", "fc1.bias"]
+    assert partial.spaces == by_hand.spaces == {"h1": {"group": "signed_perm", "size": 16, "per": None}}
+    assert partial.uncovered == {}
+    gen = torch.Generator().manual_seed(0)
+    grads = {n: torch.randn(s, generator=gen, dtype=torch.float64) for n, s in subset.items()}
+    assert torch.allclose(partial.orbit_average(grads).dense(), by_hand.orbit_average(grads).dense(), atol=1e-12)
+    with pytest.raises(symo.SpecError, match="no rule of the spec matches any parameter"):
+        symo.compile("mlp_tanh", {"other.weight": (3, 3)}, strict=False)
+    with pytest.raises(TypeError, match="strict"):
+        symo.compile("mlp_tanh", subset, strict="no")
+
+
+def test_cli_partial(capsys: pytest.CaptureFixture) -> None:
+    shapes = "fc1.weight=16x8,fc1.bias=16"
+    assert symo.cli.main(["compile", "mlp_tanh", "--shapes", shapes, "--no-disk-cache"]) == 2
+    assert "--partial" in capsys.readouterr().err
+    assert symo.cli.main(["compile", "mlp_tanh", "--shapes", shapes, "--no-disk-cache", "--partial"]) == 0
+    assert "fc1.weight" in capsys.readouterr().out
+
+
+def test_train_partial_drops_rules_and_trains_as_the_full_spec(tmp_path: Path, capsys: pytest.CaptureFixture
+                                                                ) -> None:
+    import torch
+    from test_train_run import tiny
+
+    from symo.train import train
+
+    spec = tmp_path / "gpt_plus.toml"  # gpt_true plus a rule for a parameter this GPT does not have
+    spec.write_text((REPO / "specs" / "gpt_true.toml").read_text() + '"transformer.h.{i}.attn.q_norm.weight" = ["_"]\n')
+    with pytest.raises(symo.SpecError, match="--partial"):
+        train(tiny(tmp_path, out_dir=str(tmp_path / "strict"), spec=str(spec), steps=2))
+    partial = train(tiny(tmp_path, out_dir=str(tmp_path / "a"), spec=str(spec), steps=2, partial=True))
+    plain = train(tiny(tmp_path, out_dir=str(tmp_path / "b"), spec="gpt_true", steps=2))
+    for (n, a), b in zip(partial["model"].state_dict().items(), plain["model"].state_dict().values()):
+        assert torch.equal(a, b), n
