@@ -101,25 +101,32 @@ def _add_train_parser(sub) -> None:
         "eval_interval": "steps between validation losses (and checkpoints)",
         "device": "cpu or cuda",
         "compile": "torch.compile the model",
-        "resume": "continue the run in --out-dir from its ckpt.pt (same settings), bit-identically",
+        "resume": "continue the run in RUN_DIR (or --out-dir) from its ckpt.pt, bit-identically; every option not "
+                  "given is taken from the checkpoint",
         "cache_dir": "encoded-corpus cache folder (default: platform cache, or $SYMO_DATA_CACHE)",
         "sample_chars": "characters sampled at the end (0: none)",
         "threads": "torch CPU threads per process",
         "ns_method": "Symo: Newton-Schulz as the iteration (iterate), through one eigh (spectral), or auto "
                      "(spectral on CPU where cheaper); default %(default)s",
     }
+    # Defaults are left out of the namespace (SUPPRESS): `--resume RUN_DIR` takes every option not given
+    # from the checkpoint, so the options given must be told apart from the defaults.
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
+        text = helps.get(f.name, "(default %(default)s)").replace("%(default)s", str(f.default))
         if f.name == "bias":
-            t.add_argument("--no-bias", dest="bias", action="store_false", help="no biases in Linear / LayerNorm")
+            t.add_argument("--no-bias", dest="bias", action="store_false", default=argparse.SUPPRESS,
+                           help="no biases in Linear / LayerNorm")
         elif f.name == "progress":
-            t.add_argument("--no-progress", dest="progress", action="store_false",
+            t.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS,
                            help="no progress bar (the results, the sample and the paths are still printed)")
+        elif f.name == "resume":
+            t.add_argument(flag, nargs="?", const=True, default=argparse.SUPPRESS, metavar="RUN_DIR", help=text)
         elif f.type in ("bool", bool):
-            t.add_argument(flag, action="store_true", help=helps.get(f.name))
+            t.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
         else:
             kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
-            t.add_argument(flag, type=kind, default=f.default, help=helps.get(f.name, "(default %(default)s)"),
+            t.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text,
                            choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral")}.get(f.name))
     t.set_defaults(run=_run_train)
 
@@ -129,10 +136,18 @@ def _run_train(args: argparse.Namespace) -> int:
 
     from .checkpoint import CheckpointError
     from .data import DataError
-    from .train import TrainConfig, train
+    from .train import TrainConfig, saved_options, train
 
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     try:
+        options = dict(given)
+        resume = given.get("resume")
+        run_dir = resume if isinstance(resume, str) else given.get("out_dir") if resume else None
+        if isinstance(resume, str) and given.get("out_dir") not in (None, resume):
+            raise ValueError(f"--resume {resume} and --out-dir {given['out_dir']} name different run folders; "
+                             "give one of them")
+        if run_dir is not None:  # resuming: the checkpoint's options, then those given on the command line
+            options = {**saved_options(run_dir), **given, "resume": True, "out_dir": run_dir}
         result = train(TrainConfig(**options))
     except (CheckpointError, DataError, SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -110,6 +110,29 @@ def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
                      adamw_lr=cfg.adamw_lr, ns_method=cfg.ns_method)
 
 
+def _options(cfg: TrainConfig) -> dict[str, Any]:
+    """Every option of the run, as the checkpoint stores them for `--resume RUN_DIR` (paths made absolute,
+    so a resume from another folder reads the same files)."""
+    options = dataclasses.asdict(cfg)
+    for key in ("data", "cache_dir"):
+        if options[key] is not None:
+            options[key] = os.path.abspath(options[key])
+    return {k: v for k, v in options.items() if k not in ("resume", "out_dir")}
+
+
+def saved_options(run_dir: str | Path) -> dict[str, Any]:
+    """The options the run in `run_dir` was started with, read from its ckpt.pt: what `symo train --resume
+    RUN_DIR` uses for every option not given on the command line."""
+    path = Path(run_dir) / "ckpt.pt"
+    blob = load_checkpoint(path, {}, map_location="cpu")
+    options = blob.get("options")
+    if not isinstance(options, dict):
+        raise CheckpointError(f"{path}: this checkpoint does not record its run's options (written by an older "
+                              f"symo train); resume with: symo train --resume --out-dir {run_dir} and the run's options")
+    names = {f.name for f in dataclasses.fields(TrainConfig)} - {"resume", "out_dir"}
+    return {k: v for k, v in options.items() if k in names}
+
+
 def _settings(cfg: TrainConfig, corpus: Corpus) -> dict[str, Any]:
     values = dataclasses.asdict(cfg) | {"data": corpus.name, "vocab": corpus.chars}
     return {k: values[k] for k in RESUME_KEYS}
@@ -217,7 +240,8 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
     def checkpoint(step: int) -> None:
         if rank == 0:
             save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                                        "history": history, "base_lrs": base_lrs, "settings": settings})
+                                        "history": history, "base_lrs": base_lrs, "settings": settings,
+                                        "options": _options(cfg)})
             write_csv(run_dir / "log.csv", history)
 
     lead = rank == 0
@@ -226,7 +250,8 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
         print(f"symo train: {cfg.optimizer} (lr {cfg.lr:g}{', spec ' + cfg.spec if cfg.optimizer == 'symo' else ''}), "
               f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {n_params / 1e6:.2f}M parameters), "
               f"{corpus.name} ({len(corpus.ids):,} chars, vocabulary {corpus.vocab_size}), batch {cfg.batch_size}x"
-              f"{cfg.block_size}, {world} process(es) on {cfg.device}\nrun folder: {run_dir}", flush=True)
+              f"{cfg.block_size}, {world} process(es) on {cfg.device}\nrun folder: {run_dir}"
+              + (f" (resumed at step {start} of {cfg.steps})" if blob is not None else ""), flush=True)
     from .progress import progress
 
     # --no-progress silences the bar only; on a log file or pipe the bar is plain periodic lines
@@ -283,7 +308,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
             checkpoint(done)
         if rank == 0:
             print(f"\ninterrupted: checkpoint of step {done} written to {ckpt_path}; continue with: symo train "
-                  f"--resume --out-dir {run_dir} (and the same options)" if clean else
+                  f"--resume {run_dir}" if clean else
                   "\ninterrupted mid-step: the last checkpoint was kept", flush=True)
         raise
     bar.close()
@@ -316,7 +341,7 @@ def _run_dir(cfg: TrainConfig, data_name: str, world: int) -> Path:
     if cfg.out_dir:
         return Path(cfg.out_dir)
     if cfg.resume:
-        raise CheckpointError("--resume needs --out-dir: the run folder whose ckpt.pt to continue")
+        raise CheckpointError("--resume needs the run folder whose ckpt.pt to continue: --resume RUN_DIR")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = [f"runs/{Path(data_name).stem}-{cfg.optimizer}-{stamp}-{_mix(os.getpid()) % 1000:03d}"]
     if world > 1:
