@@ -16,8 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-from .compiled import fit_lines
-from .compiler import SpecError
+# Only the standard library at import time: `symo --help` must not pay for torch, sympy or networkx.
+# Each command imports what it needs.
 
 
 def _import(module: str):
@@ -84,7 +84,7 @@ def _parse_sizes(items: list[str]) -> dict[str, int]:
 
 def _add_train_parser(sub) -> None:
     """`symo train`: every TrainConfig field as a --flag (symo/train.py)."""
-    from .train import DEFAULT_LR, OPTIMIZERS, TrainConfig
+    from .train_config import DEFAULT_LR, OPTIMIZERS, TrainConfig
 
     t = sub.add_parser("train", help="train a small GPT on Shakespeare (or --data FILE) with Symo, Muon or AdamW",
                        description="Train a nanoGPT-shaped character model. Under torchrun it runs with DDP.")
@@ -135,6 +135,7 @@ def _run_train(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from .checkpoint import CheckpointError
+    from .compiler import SpecError
     from .data import DataError
     from .train import TrainConfig, saved_options, train
 
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except SpecError as exc:
+    except _spec_error() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (SystemExit, KeyboardInterrupt):
@@ -213,8 +214,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _spec_error() -> type[Exception] | tuple[()]:
+    """symo.SpecError if the compiler was imported (a SpecError can only come from it), else nothing to catch."""
+    errors = sys.modules.get("symo.compiler.errors")
+    return errors.SpecError if errors is not None else ()
+
+
 def _compile_command(args: argparse.Namespace) -> int:
     import symo
+
+    from .compiled import fit_lines
 
     if args.optimizer and not args.model:  # before any output: a usage error prints nothing else
         print("error: --optimizer needs --model (the optimizer needs parameters)", file=sys.stderr)
@@ -307,6 +316,7 @@ def _add_check_parser(sub) -> None:
 
 def _run_check(args) -> int:
     """`symo check SPEC --model m:f`: one line per space, true or relaxed, with the measured change."""
+    from .compiler import SpecError
     from .infer import check_spec
 
     model = _load_factory(args.model)
@@ -413,6 +423,7 @@ def _optimizer_factory(name: str, lr: float | None):
 
 def _equivariance(args) -> int:
     import symo
+    from symo.compiler import SpecError
 
     model = loss = None
     if args.model or args.loss:

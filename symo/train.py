@@ -17,7 +17,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,61 +27,10 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import Corpus, _mix, load_corpus
 from .models import GPT, GPTConfig
 from .runlog import write_csv, write_plot
+from .train_config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
 
-OPTIMIZERS = ("symo", "muon", "adamw")
-# Learning rates of the covered (hidden-matrix) parameters; tuned on the comparison benchmark
-# (benchmarks/results/nanogpt_compare.md). Muon and Symo use Muon's scale (update_scale="muon").
-DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 4e-3}
-# Settings a resumed checkpoint must share with the run: they change the model, the optimizer or the
-# sequence of batches and learning rates.
-RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "lr",
-               "adamw_lr", "weight_decay", "warmup", "min_lr_ratio", "batch_size", "steps", "seed")
-
-
-@dataclass
-class TrainConfig:
-    """Every `symo train` option (the command-line flags are these names with dashes)."""
-
-    data: str | None = None            # None: bundled Shakespeare; else a UTF-8 text file
-    out_dir: str | None = None         # run folder; default runs/<data>-<optimizer>-<time>
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 64
-    bias: bool = True
-    optimizer: str = "symo"
-    spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
-    partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
-    lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
-    adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
-    weight_decay: float = 0.0
-    warmup: int = 20                   # linear warm-up steps, then cosine to min_lr_ratio * lr
-    min_lr_ratio: float = 0.1
-    batch_size: int = 16               # global batch (split over processes)
-    steps: int = 500
-    eval_interval: int = 100
-    eval_batches: int = 8
-    seed: int = 0
-    device: str = "cpu"
-    compile: bool = False
-    sample_chars: int = 300
-    resume: bool = False
-    cache_dir: str | None = None       # encoded-corpus cache; default ~/.cache/symo/data
-    progress: bool = True
-    threads: int | None = None         # torch.set_num_threads (CPU); default: torch's choice
-    ns_method: str = "auto"            # Symo's Newton-Schulz evaluation: auto, iterate, spectral (SymoConfig)
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"--n-embd {self.n_embd} must be a multiple of --n-head {self.n_head}")
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.lr is None:
-            self.lr = DEFAULT_LR[self.optimizer]
-
+__all__ = ["DEFAULT_LR", "OPTIMIZERS", "RESUME_KEYS", "TrainConfig", "build_optimizer", "lr_factor", "saved_options",
+           "train"]
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up over `warmup` steps, then cosine from 1 to `min_lr_ratio` at `steps`."""
@@ -128,7 +76,7 @@ def saved_options(run_dir: str | Path) -> dict[str, Any]:
     options = blob.get("options")
     if not isinstance(options, dict):
         raise CheckpointError(f"{path}: this checkpoint does not record its run's options (written by an older "
-                              f"symo train); resume with: symo train --resume --out-dir {run_dir} and the run's options")
+                              f"symo train); resume with --resume --out-dir {run_dir} and the run's options")
     names = {f.name for f in dataclasses.fields(TrainConfig)} - {"resume", "out_dir"}
     return {k: v for k, v in options.items() if k in names}
 

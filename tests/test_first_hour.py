@@ -198,3 +198,31 @@ def test_train_partial_drops_rules_and_trains_as_the_full_spec(tmp_path: Path, c
     plain = train(tiny(tmp_path, out_dir=str(tmp_path / "b"), spec="gpt_true", steps=2))
     for (n, a), b in zip(partial["model"].state_dict().items(), plain["model"].state_dict().values()):
         assert torch.equal(a, b), n
+
+
+def test_help_imports_no_heavy_module() -> None:
+    """`symo --help` (and every subcommand's --help) imports neither torch nor sympy nor networkx: those
+    cost seconds on a loaded machine, and a command imports them only when it runs."""
+    code = ("import sys, symo, symo.cli\n"
+            "for argv in (['--help'], ['--version'], *[[c, '--help'] for c in ('train', 'compile', 'params', "
+            "'check', 'infer', 'equivariance')]):\n"
+            "    try:\n        symo.cli.main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('torch', 'sympy', 'networkx', 'numpy', 'tqdm') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_lazy_package_attributes() -> None:
+    """The lazy `symo` package gives the same objects as the modules; `symo.infer` stays the function."""
+    import importlib
+
+    importlib.import_module("symo.infer")  # binds the submodule on the package; symo.infer stays the function
+    from symo import compiled, optim
+
+    assert symo.infer is sys.modules["symo.infer"].infer
+    assert symo.Symo is optim.Symo and symo.CompiledSpec is compiled.CompiledSpec
+    assert callable(symo.infer) and symo.infer.__name__ == "infer"
+    assert {"Symo", "infer", "compile", "models"} <= set(dir(symo))
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        symo.no_such_name  # noqa: B018
