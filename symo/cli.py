@@ -20,6 +20,16 @@ from pathlib import Path
 # Each command imports what it needs.
 
 
+class CommandError(Exception):
+    """A user error on the command line: main() prints `error: <message>` (no traceback) and returns
+    `status`: 2 for input refused as given (a bad spec, a bad option value, a usage error, as argparse's),
+    1 for something that failed while running (a model that does not import or build, an unreadable file)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def _import(module: str):
     """Import `module` as `python -m` does: the current folder comes first on sys.path, so
     `--model mymodels:factory` finds ./mymodels.py (the `symo` console script alone would not)."""
@@ -33,19 +43,22 @@ def _import(module: str):
 def _load_factory(text: str):
     module, _, attr = text.partition(":")
     if not attr:
-        raise SystemExit(f"--model expects module:factory (e.g. symo.models:gpt_small), got {text!r}")
+        raise CommandError(f"--model expects module:factory (e.g. symo.models:gpt_small), got {text!r}", 2)
     try:
         factory = getattr(_import(module), attr)
     except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"--model {text!r}: {exc}") from None
+        raise CommandError(f"--model {text!r}: {exc}") from None
+    except Exception as exc:  # the module itself failed (empty name, a syntax error, an error at import)
+        raise CommandError(f"--model {text!r}: importing {module!r} raised {type(exc).__name__}: {exc}") from None
     if not callable(factory):
-        raise SystemExit(f"--model {text!r}: {attr} is not callable (give a function or class returning an nn.Module)")
+        raise CommandError(f"--model {text!r}: {attr} is not callable (give a function or class returning an "
+                           "nn.Module)")
     try:
         model = factory()
     except Exception as exc:  # the user's factory: report it, without a traceback
-        raise SystemExit(f"--model {text!r}: the factory raised {type(exc).__name__}: {exc}") from None
+        raise CommandError(f"--model {text!r}: the factory raised {type(exc).__name__}: {exc}") from None
     if not callable(getattr(model, "named_parameters", None)):
-        raise SystemExit(f"--model {text!r}: the factory returned {type(model).__name__}, not an nn.Module")
+        raise CommandError(f"--model {text!r}: the factory returned {type(model).__name__}, not an nn.Module")
     return model
 
 
@@ -55,9 +68,9 @@ def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
         try:
             data = json.loads(Path(text).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SystemExit(f"--shapes {text}: cannot read a JSON object {{name: [dims]}} ({exc})") from None
+            raise CommandError(f"--shapes {text}: cannot read a JSON object {{name: [dims]}} ({exc})") from None
         if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
-            raise SystemExit(f"--shapes {text}: expected a JSON object {{name: [dims]}}, "
+            raise CommandError(f"--shapes {text}: expected a JSON object {{name: [dims]}}, "
                              'e.g. {"fc1.weight": [16, 8]}')
         return {k: tuple(v) for k, v in data.items()}
     shapes = {}
@@ -68,7 +81,7 @@ def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
                 raise ValueError
             shapes[name.strip()] = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
-            raise SystemExit(f"--shapes: cannot read {item!r}; write name=16x8,other=16 or a JSON file") from None
+            raise CommandError(f"--shapes: cannot read {item!r}; write name=16x8,other=16 or a JSON file", 2) from None
     return shapes
 
 
@@ -76,8 +89,8 @@ def _parse_sizes(items: list[str]) -> dict[str, int]:
     sizes = {}
     for item in items:
         name, _, value = item.partition("=")
-        if not value.isdigit():
-            raise SystemExit(f"--size expects space=N (e.g. head{{i}}=4), got {item!r}")
+        if not (value.isascii() and value.isdigit()):  # "1²".isdigit() is True, int("1²") fails
+            raise CommandError(f"--size expects space=N (e.g. head{{i}}=4), got {item!r}", 2)
         sizes[name] = int(value)
     return sizes
 
@@ -94,7 +107,8 @@ def _add_train_parser(sub) -> None:
         "optimizer": f"one of {', '.join(OPTIMIZERS)}",
         "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
         "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
-        "lr": f"learning rate of the hidden matrices (AdamW: of all parameters); default {DEFAULT_LR}",
+        "lr": "learning rate of the hidden matrices (AdamW: of all parameters); default "
+              + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()),
         "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
         "warmup": "linear warm-up steps (then cosine decay to --min-lr-ratio x lr)",
         "batch_size": "global batch (divided among processes)",
@@ -204,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     except _spec_error() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except CommandError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.status
     except (SystemExit, KeyboardInterrupt):
         raise
     except BrokenPipeError:  # `symo ... | head`: the reader left; not an error worth a message
@@ -409,7 +426,7 @@ def _optimizer_factory(name: str, lr: float | None):
         try:
             return getattr(_import(module), attr)
         except (ImportError, AttributeError) as exc:
-            raise SystemExit(f"optimizer {name!r}: {exc}") from exc
+            raise CommandError(f"optimizer {name!r}: {exc}") from exc
     if name == "sgd":
         return lambda ps: torch.optim.SGD(ps, lr=lr or 0.05)
     if name == "heavy_ball":
@@ -418,10 +435,13 @@ def _optimizer_factory(name: str, lr: float | None):
         return lambda ps: symo.Symo(ps, "factored", lr=lr or 1e-2)
     if name in zoo.RULES:
         return lambda ps: zoo.make(name, ps, lr)
-    raise SystemExit(f"unknown optimizer {name!r}; choose from {', '.join(_BUILTIN_RULES)} or give module:factory")
+    raise CommandError(f"unknown optimizer {name!r}; choose from {', '.join(_BUILTIN_RULES)} or give module:factory",
+                       2)
 
 
 def _equivariance(args) -> int:
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise CommandError(f"--lr must be a positive number, got {args.lr:g}", status=2)
     import symo
     from symo.compiler import SpecError
 
@@ -436,7 +456,7 @@ def _equivariance(args) -> int:
         try:
             loss = getattr(_import(module), attr)
         except (ImportError, AttributeError, ValueError) as exc:
-            raise SystemExit(f"--loss {args.loss!r}: {exc}") from exc
+            raise CommandError(f"--loss {args.loss!r}: {exc}") from exc
     all_ok = True
     for name in args.optimizer:
         try:

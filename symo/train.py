@@ -141,6 +141,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
     `callback(step, row)` runs after every step (tests raise KeyboardInterrupt from it to stand for Ctrl-C).
     On KeyboardInterrupt a checkpoint is written before the exception propagates.
     """
+    _check_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rank, world = _distributed(cfg.device)
@@ -269,6 +270,24 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
         result["plot"] = write_plot(run_dir / "loss.png", history, title=f"{cfg.optimizer} on {corpus.name}")
         result["sample"] = sample(model, corpus, cfg.sample_chars, cfg.seed, device) if cfg.sample_chars else ""
     return result
+
+
+def _check_device(device: str) -> None:
+    """--device: a torch device this build and machine can use, else a ValueError saying what to do."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N") from None
+    if kind == "cuda" and not torch.backends.cuda.is_built():
+        raise ValueError(f"--device {device}: this torch build has no CUDA (torch {torch.__version__}); install a "
+                         "CUDA build of torch (README, GPU users) or use --device cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch has CUDA but sees no GPU (check the driver and "
+                         "CUDA_VISIBLE_DEVICES), or use --device cpu")
+    if kind not in ("cpu", "cuda"):
+        ok = getattr(getattr(torch.backends, kind, None), "is_available", lambda: False)()
+        if not ok:
+            raise ValueError(f"--device {device}: not available in this torch build / machine; use cpu or cuda")
 
 
 def _record(history: dict[str, list[float]], step: int, lr: float, train_loss: float, val: float,

@@ -3,6 +3,7 @@ command line builds its parser from them without importing torch, so `symo --hel
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 OPTIMIZERS = ("symo", "muon", "adamw")
@@ -56,5 +57,17 @@ class TrainConfig:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "adamw_lr"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}")
+        for name in ("weight_decay", "warmup", "sample_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.eval_batches < 1 or (self.threads is not None and self.threads < 1):
+            name = "eval_batches" if self.eval_batches < 1 else "threads"
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.lr is None:
             self.lr = DEFAULT_LR[self.optimizer]

@@ -34,6 +34,17 @@ def test_model_module_from_the_current_folder_in_process(tmp_path: Path, monkeyp
     assert "0.weight  (5, 3)" in out and "2.bias    (2,)" in out
 
 
+def test_a_broken_model_module_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    name = f"broken_models_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text("def factory(:\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert symo.cli.main(["params", "--model", f"{name}:factory"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --model '{name}:factory': importing '{name}' raised SyntaxError"), err
+
+
 def test_console_script_finds_a_model_in_the_current_folder(tmp_path: Path) -> None:
     """The installed `symo` script (whose sys.path[0] is its bin folder, not the current folder)."""
     (tmp_path / "mymodels.py").write_text(USER_MODELS)
@@ -226,3 +237,13 @@ def test_lazy_package_attributes() -> None:
     assert {"Symo", "infer", "compile", "models"} <= set(dir(symo))
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         symo.no_such_name  # noqa: B018
+
+
+def test_device_cuda_on_a_cpu_build_is_a_clear_error(capsys: pytest.CaptureFixture) -> None:
+    import torch
+
+    if torch.backends.cuda.is_built():
+        pytest.skip("this torch has CUDA; the message under test is the CPU build's")
+    assert symo.cli.main(["train", "--device", "cuda", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --device cuda: this torch build has no CUDA") and "Traceback" not in err
