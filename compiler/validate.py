@@ -317,7 +317,7 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
 def _decl_order(spec: Spec, decl: SpaceDecl, name: str) -> tuple:
     i = [d.name for d in spec.spaces].index(decl.name)
     # families: order instances numerically where the captures are numbers (h2 before h10)
-    return (i, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
+    return (i, [int(t) if t.isdecimal() else t for t in re.split(r"(\d+)", name)])  # "²".isdigit(), not int()
 
 
 class _Match:

@@ -40,37 +40,46 @@ def _import(module: str):
     return importlib.import_module(module)
 
 
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _load_factory(text: str):
+    label = _short(text, 300)  # for the messages
     module, _, attr = text.partition(":")
     if not attr:
-        raise CommandError(f"--model expects module:factory (e.g. symo.models:gpt_small), got {text!r}", 2)
+        raise CommandError(f"--model expects module:factory (e.g. symo.models:gpt_small), got {label!r}", 2)
     try:
         factory = getattr(_import(module), attr)
     except (ImportError, AttributeError) as exc:
-        raise CommandError(f"--model {text!r}: {exc}") from None
+        raise CommandError(f"--model {label!r}: {_short(str(exc), 300)}") from None
     except Exception as exc:  # the module itself failed (empty name, a syntax error, an error at import)
-        raise CommandError(f"--model {text!r}: importing {module!r} raised {type(exc).__name__}: {exc}") from None
+        raise CommandError(f"--model {label!r}: importing {module!r} raised {type(exc).__name__}: {exc}") from None
     if not callable(factory):
-        raise CommandError(f"--model {text!r}: {attr} is not callable (give a function or class returning an "
+        raise CommandError(f"--model {label!r}: {attr} is not callable (give a function or class returning an "
                            "nn.Module)")
     try:
         model = factory()
     except Exception as exc:  # the user's factory: report it, without a traceback
-        raise CommandError(f"--model {text!r}: the factory raised {type(exc).__name__}: {exc}") from None
+        raise CommandError(f"--model {label!r}: the factory raised {type(exc).__name__}: {exc}") from None
     if not callable(getattr(model, "named_parameters", None)):
-        raise CommandError(f"--model {text!r}: the factory returned {type(model).__name__}, not an nn.Module")
+        raise CommandError(f"--model {label!r}: the factory returned {type(model).__name__}, not an nn.Module")
     return model
 
 
 def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
     """`name=16x8,other=16` or a path to a JSON file {name: [16, 8]}."""
-    if Path(text).is_file():
+    try:
+        is_file = Path(text).is_file()
+    except (OSError, ValueError):  # a name too long for the file system: not a file, so read it as name=shape
+        is_file = False
+    if is_file:
         try:
             data = json.loads(Path(text).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CommandError(f"--shapes {text}: cannot read a JSON object {{name: [dims]}} ({exc})") from None
+            raise CommandError(f"--shapes {_short(text)}: cannot read a JSON object {{name: [dims]}} ({exc})") from None
         if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
-            raise CommandError(f"--shapes {text}: expected a JSON object {{name: [dims]}}, "
+            raise CommandError(f"--shapes {_short(text)}: expected a JSON object {{name: [dims]}}, "
                              'e.g. {"fc1.weight": [16, 8]}')
         return {k: tuple(v) for k, v in data.items()}
     shapes = {}
@@ -81,7 +90,8 @@ def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
                 raise ValueError
             shapes[name.strip()] = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
-            raise CommandError(f"--shapes: cannot read {item!r}; write name=16x8,other=16 or a JSON file", 2) from None
+            raise CommandError(f"--shapes: cannot read {_short(item)!r}; write name=16x8,other=16 or a JSON file",
+                               2) from None
     return shapes
 
 
@@ -90,7 +100,7 @@ def _parse_sizes(items: list[str]) -> dict[str, int]:
     for item in items:
         name, _, value = item.partition("=")
         if not (value.isascii() and value.isdigit()):  # "1²".isdigit() is True, int("1²") fails
-            raise CommandError(f"--size expects space=N (e.g. head{{i}}=4), got {item!r}", 2)
+            raise CommandError(f"--size expects space=N (e.g. head{{i}}=4), got {_short(item)!r}", 2)
         sizes[name] = int(value)
     return sizes
 
@@ -167,6 +177,9 @@ def _run_train(args: argparse.Namespace) -> int:
     except (CheckpointError, DataError, SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a run folder or file the system refuses (too long a name, no permission, ...)
+        print(f"error: {_describe(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     finally:
@@ -227,8 +240,17 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:  # no traceback for a user: the error and where to look
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: {_describe(exc)}", file=sys.stderr)
         return 1
+
+
+def _describe(exc: BaseException, limit: int = 1000) -> str:
+    """An unexpected error in one line of bounded length: an OSError by its reason and (shortened) file."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        name = str(exc.filename)
+        return f"{exc.strerror or type(exc).__name__}: {name if len(name) <= 120 else name[:117] + '...'}"
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _spec_error() -> type[Exception] | tuple[()]:

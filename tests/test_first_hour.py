@@ -247,3 +247,39 @@ def test_device_cuda_on_a_cpu_build_is_a_clear_error(capsys: pytest.CaptureFixtu
     assert symo.cli.main(["train", "--device", "cuda", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --device cuda: this torch build has no CUDA") and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- residual bad inputs
+
+
+@pytest.mark.parametrize("path,needle", [("a" * 5000, "cannot use the path"), ("x/" * 3000 + "s.toml", "cannot use"),
+                                         ("sp\x00ec.toml", "NUL byte")], ids=["5000-chars", "deep", "nul"])
+def test_unusable_spec_paths_are_spec_errors(path: str, needle: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(symo.SpecError) as info:
+        symo.load_spec(path)
+    text = str(info.value)
+    assert needle in text and "how to fix:" in text and len(text) < 700, text
+    if "\x00" not in path:  # (argv cannot carry a NUL)
+        assert symo.cli.main(["compile", path, "--shapes", "a=2", "--no-disk-cache"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and needle in err and len(err) < 700
+
+
+def test_captured_index_that_is_a_digit_but_not_a_number() -> None:
+    """'1²'.isdigit() is True but int('1²') fails: such a capture is a name like any other."""
+    spec = symo.parse_spec('[spaces]\n"h{i}" = "perm"\n[params]\n"layers.{i}.weight" = ["h{i}", "_"]\n')
+    compiled = symo.compile(spec, {"layers.2².weight": (4, 3), "layers.1².weight": (4, 3), "layers.10.weight": (4, 3)},
+                            disk_cache=False)
+    assert set(compiled.spaces) == {"h1²", "h2²", "h10"}
+    assert compiled.param_names == ["layers.2².weight", "layers.1².weight", "layers.10.weight"]
+
+
+def test_long_names_in_cli_errors_are_shortened(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    long = "a" * 5000
+    for argv, status in ((["compile", "mlp_tanh", "--shapes", long], 2), (["params", "--model", long + ":f"], 1),
+                         (["train", "--data", long, "--cache-dir", str(tmp_path)], 2),
+                         (["train", "--out-dir", str(tmp_path / long), "--cache-dir", str(tmp_path),
+                           "--data", str(REPO / "README.md"), "--steps", "1"], 1)):
+        assert symo.cli.main(argv) == status, argv[:2]
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and len(err) < 700 and "Traceback" not in err, err[:300]
