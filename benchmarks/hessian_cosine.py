@@ -1,4 +1,4 @@
-"""How well do curvature estimates point the way the true Hessian does? (issue 8; metrics in docs/hessian.md)
+"""How well do curvature estimates point the way the true Hessian does? (metrics in docs/hessian.md)
 
 Small MLPs are trained with Adam on minibatches; every estimator is fed the same stream of minibatch
 gradients (EMA beta = 0.95 for all). At three points of the run (early, middle, late) each estimate

@@ -200,7 +200,10 @@ def _run_train(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="symo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="symo", description="Symo: symmetry-structured curvature for PyTorch. List a model's parameters "
+        "(params), write a spec or let infer write one, compile it and check it against the model (compile, "
+        "check), then train with it (train). Each command has its own --help.")
     parser.add_argument("--version", action="version", version=f"symo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)

@@ -4,6 +4,7 @@ messages, and the options a resumed run takes from its checkpoint."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -283,3 +284,19 @@ def test_long_names_in_cli_errors_are_shortened(tmp_path: Path, capsys: pytest.C
         assert symo.cli.main(argv) == status, argv[:2]
         err = capsys.readouterr().err
         assert err.startswith("error: ") and len(err) < 700 and "Traceback" not in err, err[:300]
+
+
+def test_help_texts_are_whole_sentences(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        symo.cli.main(["--help"])
+    out = capsys.readouterr().out
+    description = " ".join(out.split("\n\n")[1].split())
+    assert description.startswith("Symo: ") and description.endswith("."), description
+    assert description.count("`") % 2 == 0 and description.count("(") == description.count(")")
+    with pytest.raises(SystemExit):
+        symo.cli.main(["train", "--help"])
+    lr_help = " ".join(capsys.readouterr().out.split("\n  --lr LR", 1)[1].split("\n  --adamw-lr", 1)[0].split())
+    assert "{" not in lr_help and "symo 0.02, muon 0.02, adamw 0.004" in lr_help, lr_help
+    bench = REPO / "benchmarks" / "hessian_cosine.py"
+    first = bench.read_text().split('"""')[1].splitlines()[0]  # the script's --help description
+    assert not re.search(r"\bissue\s*#?\d", first, re.I), first
