@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 # sympy and networkx until a name that needs them is touched.
 _LAZY = {
     "BlockInfo": ".compiled", "CompiledSpec": ".compiled", "NonFiniteGradientError": ".compiled",
+    "NonFiniteUpdateError": ".compiled", "PRESETS": ".presets",
     "Spec": ".compiler", "SpecError": ".compiler", "compile_spec": ".compiler", "load_spec": ".compiler",
     "parse_spec": ".compiler", "Curvature": ".curvature", "SymmetryReport": ".equivariance",
     "check_symmetry": ".equivariance", "EquivarianceReport": ".gauge", "check_equivariance": ".gauge",
@@ -33,8 +34,8 @@ _LAZY = {
 }
 _SUBMODULES = ("models", "zoo", "hessian")
 __all__ = [
-    "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "Spec", "SpecError",
-    "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
+    "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "NonFiniteUpdateError", "Spec", "SpecError",
+    "PRESETS", "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
     "EquivarianceReport", "check_equivariance", "zoo",
 ]
 __all__ += ["Inference", "check_spec", "infer", "infer_spec"]

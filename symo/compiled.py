@@ -20,6 +20,11 @@ class NonFiniteGradientError(ValueError):
     """A gradient holds NaN or inf; the message names the parameter."""
 
 
+class NonFiniteUpdateError(FloatingPointError):
+    """The optimizer itself produced NaN or inf from finite gradients; the message names the block or
+    parameter and the backend, so it is not mistaken for a bad gradient."""
+
+
 @dataclass(frozen=True)
 class BlockInfo:
     """One isotypic block: Y has shape (batch, mult, width) and S = (Y Y^T / dim) (x) I."""

@@ -248,6 +248,32 @@ def inv_sqrt_newton_schulz(a: torch.Tensor, steps: int = 25, damping: float = 0.
     return z / c.sqrt()
 
 
+def ns_inverse_root_min_damping(steps: int, dtype: torch.dtype) -> float:
+    """The smallest damping, relative to ||A||_F, at which `inv_sqrt_newton_schulz` is accurate.
+
+    Two limits. Convergence: a scaled eigenvalue x far below 1 grows by about 2.25 per coupled step
+    and then needs a few steps to converge, so `steps` steps reach x >= 2.25^-(steps - 5)
+    (25 steps: 9e-8). Rounding: the products perturb every eigenvalue by about eps ||A||, a relative
+    error of eps / x on the damped floor x, so x must be at least 100 eps (float32: 1.2e-5, for ~1e-3
+    relative error; float64: the convergence limit decides). Measured (tests/test_block_numerics.py):
+    at this floor the result is within 1e-3 (float32) and 1e-8 (float64) of the float64 eigh root.
+    """
+    return max(2.25 ** -(steps - 5), 100 * torch.finfo(dtype).eps)
+
+
+def ns_inverse_root_is_accurate(a: torch.Tensor, steps: int, damping: float, absolute: bool) -> bool:
+    """Whether `inv_sqrt_newton_schulz(a, steps, damping)` is accurate (see `ns_inverse_root_min_damping`).
+
+    Relative damping is decided from the numbers alone; absolute damping against ||A||_F (one sync)."""
+    floor = ns_inverse_root_min_damping(steps, a.dtype)
+    if not absolute:
+        return damping >= floor
+    if damping <= 0:
+        return False
+    norm = float(a.norm(dim=(-2, -1)).amax())
+    return damping >= floor * norm
+
+
 def geometric_mean(a: torch.Tensor, b: torch.Tensor, float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:
     """A # B = A^{1/2} (A^{-1/2} B A^{-1/2})^{1/2} A^{1/2} for symmetric positive definite A, PSD B.
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from .compiled import CompiledSpec, check_finite_tensors, fit_lines, summarize_names
+from .compiled import CompiledSpec, NonFiniteUpdateError, check_finite_tensors, fit_lines, summarize_names
 from .compiler import Spec
 from .linalg import (
     FLOAT64_EIGH_MAX,
@@ -36,10 +36,13 @@ from .linalg import (
     lowrank_power_apply,
     newton_schulz,
     newton_schulz_spectral,
+    ns_inverse_root_is_accurate,
+    ns_inverse_root_min_damping,
     spectral_ns_is_cheaper,
     sym_power,
 )
 from .optim_checks import _adamw_checks, _check_group_options, _check_state_dict, _check_types
+from .presets import get_preset
 
 SpecLike = str | Path | Spec | CompiledSpec
 NamedParams = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | Iterable[dict[str, Any]]
@@ -88,10 +91,22 @@ class SymoConfig:
     backend: Literal["auto", "eigh", "newton_schulz"] = "auto"
     """Matrix functions: eigh (exact, float64 up to linalg.FLOAT64_EIGH_MAX, float64 retry on
     failure), newton_schulz (power -1/2 only: Muon's quintic on Y when beta2 = 0, the coupled
-    inverse-root iteration otherwise), or auto: newton_schulz for power -1/2 on blocks whose Gram
-    side exceeds `eigh_max_size`, eigh elsewhere."""
+    inverse-root iteration otherwise), or auto. auto, Muon path: the quintic for blocks whose Gram
+    side exceeds `eigh_max_size`, eigh elsewhere. auto, stored statistics: the coupled iteration only
+    where it is both cheaper and accurate, i.e. on an accelerator, for a Gram side above
+    `eigh_max_size`, with relative damping at or above linalg.ns_inverse_root_min_damping (float64
+    statistics: 9e-8; float32: 1.2e-5); eigh elsewhere (on CPU eigh is 4-15x cheaper at every size,
+    docs/performance.md). An explicit newton_schulz falls back to eigh for a matrix whose damping is
+    below that floor, since the iteration cannot form a pseudo-inverse."""
     eigh_max_size: int = 128
     """auto backend: the largest Gram side solved by eigh."""
+    stats_dtype: Literal["auto", "float64", "float32"] = "auto"
+    """dtype of the stored block statistics (their EMA) and of their matrix functions (beta2 > 0,
+    precondition_frequency > 1 or the taylor estimator; the Muon path stores nothing). float64
+    keeps every direction the gradients hold: a float32 statistic knows its eigenvalues only to
+    ~1e-7 lambda_max, and undamped S^{-1/2} must drop what lies below that. Cost: the Gram of each
+    block's coordinates and the applied power run in float64 (docs/performance.md). auto: float64,
+    except on devices without float64 (mps), where float32."""
     ns_steps: int = 5
     """Newton–Schulz steps for the polar factor (Muon: 5)."""
     ns_coeffs: tuple[float, float, float] = MUON_COEFFS
@@ -150,6 +165,7 @@ class SymoConfig:
              "ns_method='spectral' evaluates Newton-Schulz through a float32/float64 eigh; ns_dtype='bfloat16' "
              "applies to the iteration only: use ns_method='iterate' (or 'auto') with bfloat16"),
             (self.backend in ("auto", "eigh", "newton_schulz"), "backend must be auto|eigh|newton_schulz"),
+            (self.stats_dtype in ("auto", "float64", "float32"), "stats_dtype must be auto|float64|float32"),
             (self.backend != "newton_schulz" or (self.power == -0.5 and self.geometric_mean_with is None),
              "the newton_schulz backend computes the -1/2 power only (power = -0.5, no geometric mean)"),
             # as torch.optim validates its options: finite, in range, the option named
@@ -193,22 +209,33 @@ class Symo(torch.optim.Optimizer):
         params: named parameters (`model.named_parameters()`, a {name: param} dict) or param groups:
             dicts with "params": [(name, param), ...] plus any of `GROUP_KEYS`.
         spec: a spec path, a parsed `Spec`, or a `CompiledSpec` (compiled here for the given shapes).
-        lr: learning rate of the covered parameters (see `SymoConfig.update_scale` for its scale).
+        lr: learning rate of the covered parameters (see `SymoConfig.update_scale` for its scale);
+            None: the preset's recommended rate, or 1e-3 without a preset.
         config: a `SymoConfig`; keyword `overrides` replace its fields.
+        preset: "paper", "muon" or "shampoo" (symo.presets): start from that configuration instead of
+            the SymoConfig defaults; keyword `overrides` replace its values. Not with `config`.
         sizes: space sizes the shapes cannot decide (as in `symo.compile`).
 
     Each user group becomes up to two torch param groups, `kind` "symo" (covered) and "adamw"
     (uncovered, with "lr" = adamw_lr), so schedulers, `zero_grad` and `state_dict` act on both.
     """
 
-    def __init__(self, params: NamedParams, spec: SpecLike, lr: float = 1e-3, config: SymoConfig | None = None,
-                 *, sizes: dict[str, int] | None = None, **overrides: Any) -> None:
+    def __init__(self, params: NamedParams, spec: SpecLike, lr: float | None = None,
+                 config: SymoConfig | None = None, *, preset: str | None = None,
+                 sizes: dict[str, int] | None = None, **overrides: Any) -> None:
         if config is not None and not isinstance(config, SymoConfig):
             raise TypeError(f"config must be a SymoConfig, got {type(config).__name__}")
         unknown = sorted(set(overrides) - {f.name for f in fields(SymoConfig)})
         if unknown:
             raise TypeError(f"Symo got unknown option(s) {unknown}; the options are the fields of SymoConfig")
-        cfg = replace(config or SymoConfig(), **overrides)
+        self.preset = None if preset is None else get_preset(preset)
+        if self.preset is not None and config is not None:
+            raise ValueError(f"pass preset={preset!r} or config=, not both; override a preset's values by "
+                             "keyword, e.g. Symo(params, spec, preset='paper', beta2=0.99)")
+        if lr is None:
+            lr = self.preset.lr if self.preset is not None else 1e-3
+        self._base_config = SymoConfig(**self.preset.values) if self.preset is not None else (config or SymoConfig())
+        cfg = replace(self._base_config, **overrides)
         self.config = cfg
         if sizes is not None and not isinstance(sizes, Mapping):
             raise TypeError(f"sizes must be a dict {{space: int}}, got {type(sizes).__name__}")
@@ -221,6 +248,8 @@ class Symo(torch.optim.Optimizer):
                                  "" if len(user_groups) == 1 else f"param group {gi}: ")
         named = {n: p for g in user_groups for n, p in g["params"]}
         shapes = {n: tuple(p.shape) for n, p in named.items()}
+        self._device = next(iter(named.values())).device
+        self._stats_dtype = _resolve_stats_dtype(cfg.stats_dtype, self._device)
         self.compiled = _compile(spec, shapes, sizes)
         covered = set(self.compiled.param_names)
         missing = sorted(covered - set(named))
@@ -275,9 +304,16 @@ class Symo(torch.optim.Optimizer):
                  + f", {len(adam)} to AdamW",
                  f"  beta1={cfg.beta1} nesterov={cfg.nesterov} beta2={cfg.beta2} source={cfg.source} "
                  f"estimator={cfg.estimator} power={cfg.power} damping={cfg.damping} ({cfg.damping_mode}) "
-                 f"update_scale={cfg.update_scale} frequency={cfg.precondition_frequency}"]
+                 f"update_scale={cfg.update_scale} frequency={cfg.precondition_frequency}"
+                 + ("" if cfg.muon_path else f" statistics={str(self._stats_dtype).removeprefix('torch.')}"),
+                 "  " + self._preset_line()]
+        lrs = sorted({g["lr"] for g in self.param_groups if g["kind"] == "symo"})
+        lines.append(f"  learning rate {', '.join(f'{lr:g}' for lr in lrs)}; per block, lr_eff = lr x the RMS "
+                     "per entry of the unit update when the statistic is this step's vector alone (the "
+                     "averaged statistic gives at most about that): compare lr_eff with Adam's rate")
         device = next((p.device for g in self.param_groups if g["kind"] == "symo" for p in g["params"]),
                       torch.device("cpu"))
+        lr = lrs[0] if lrs else 0.0
         for stage in self._stages:
             for b in stage.compiled.blocks:
                 c = stage.consts[b.id]
@@ -286,9 +322,33 @@ class Symo(torch.optim.Optimizer):
                 if backend == "newton_schulz" and cfg.muon_path:
                     backend += f" ({self._ns_method((b.mult, b.width), device)})"
                 lines.append(f"  {tag}{b.id} {b.name}: Y {b.batch}x{b.mult}x{b.width}, "
-                             f"d={b.dim}, backend={backend}; {summarize_names(b.params)}")
-        lines.append("  AdamW: " + (summarize_names(adam) if adam else "(none)"))
+                             f"d={b.dim}{_lr_eff(lr, self._unit_rms(b, c))}, backend={backend}; "
+                             f"{summarize_names(b.params)}")
+        adamw_lrs = sorted({g["lr"] for g in self.param_groups if g["kind"] == "adamw"})
+        lines.append("  AdamW: " + (summarize_names(adam) + f" at its own rate adamw_lr="
+                                    f"{', '.join(f'{x:g}' for x in adamw_lrs)} (not lr)" if adam else "(none)"))
         return fit_lines(lines)
+
+    def _preset_line(self) -> str:
+        """The preset (or the defaults) and every option that differs from it."""
+        base = self._base_config
+        diff = [f"{f.name}={getattr(self.config, f.name)!r} (preset: {getattr(base, f.name)!r})"
+                for f in fields(SymoConfig) if getattr(self.config, f.name) != getattr(base, f.name)]
+        if self.preset is not None:
+            head = f"preset {self.preset.name!r}: {self.preset.summary}"
+        else:
+            head = "no preset: the SymoConfig defaults (Muon's step at the natural scale; see symo.presets)"
+        return head + ("; differs in " + ", ".join(diff) if diff else "; no option differs")
+
+    def _unit_rms(self, b, c: dict[str, Any]) -> float | None:
+        """RMS per entry of the block's update at lr 1 when S is this step's vector alone: S^{-1/2} Y =
+        sqrt(d) polar(Y) has squared norm d * rank over mult * width entries (full rank: an upper bound).
+        None where the update is not scale-free (a power other than -1/2, or a geometric mean)."""
+        if self.config.update_scale == "adamw":
+            return self.config.adamw_rms
+        if len(self._stages) > 1 or self.config.power != -0.5:
+            return None
+        return c["scale"] * math.sqrt(c["dim"] * min(b.mult, b.width) / (b.mult * b.width))
 
     # ------------------------------------------------------------------ static per-block choices
     def _block_consts(self, b, power: float, first: bool) -> dict[str, Any]:
@@ -296,7 +356,7 @@ class Symo(torch.optim.Optimizer):
         gram = min(b.mult, b.width) if cfg.muon_path else b.mult
         backend = cfg.backend
         if backend == "auto":
-            backend = "newton_schulz" if power == -0.5 and gram > cfg.eigh_max_size else "eigh"
+            backend = auto_backend(cfg, power, gram, self._device, self._stats_dtype)
         dim = max(b.dim, 1)
         scale = 1.0
         if cfg.update_scale == "natural":
@@ -306,7 +366,7 @@ class Symo(torch.optim.Optimizer):
             if first and cfg.update_scale == "muon":
                 scale *= math.sqrt(max(1.0, b.width / b.mult))
         return {"dim": dim, "backend": backend, "scale": scale, "params": b.params,
-                "dof": b.mult * dim}
+                "dof": b.mult * dim, "where": f"block {b.id} ({b.name})"}
 
     # ------------------------------------------------------------------ the step
     @torch.no_grad()
@@ -397,11 +457,15 @@ class Symo(torch.optim.Optimizer):
                 # sqrt(d) polar(Y) is the natural scale; fold it into the convention's factor
                 return self._finish(z, c, last=True, extra=math.sqrt(c["dim"]))
             z = gram_power_apply(y, cfg.power, c["dim"], cfg.damping, absolute=absolute)
-        elif ys.shape[-2] <= ys.shape[-1]:
-            a = ys @ ys.transpose(-1, -2) / c["dim"]
-            z = _matrix_power(a, cfg.power, cfg, c["backend"]) @ y
-        else:
-            z = lowrank_power_apply(ys / math.sqrt(c["dim"]), y, cfg.power, cfg.damping, absolute=absolute)
+        else:  # a statistic other than Y (source="gradient"): formed and powered in stats_dtype
+            sd = self._stats_dtype
+            ys, y64 = ys.to(sd), y.to(sd)
+            if ys.shape[-2] <= ys.shape[-1]:
+                a = ys @ ys.transpose(-1, -2) / c["dim"]
+                z = _matrix_power(a, cfg.power, cfg, c["backend"], c["where"]) @ y64
+            else:
+                z = lowrank_power_apply(ys / math.sqrt(c["dim"]), y64, cfg.power, cfg.damping, absolute=absolute)
+            z = z.to(y.dtype)
         return self._finish(z, c, last=True)
 
     def _ns_method(self, shape: tuple[int, ...] | torch.Size, device: torch.device) -> str:
@@ -457,10 +521,14 @@ class Symo(torch.optim.Optimizer):
         return out
 
     def _stored_block(self, stage: _Stage, b, y: torch.Tensor, ys: torch.Tensor, sw) -> torch.Tensor:
-        """EMA the block statistic, refresh its matrix function every `precondition_frequency` steps."""
+        """EMA the block statistic, refresh its matrix function every `precondition_frequency` steps.
+
+        The statistic, its EMA and its matrix function live in `stats_dtype` (float64 by default:
+        the products of float32 coordinates are then exact and no direction is lost to rounding)."""
         cfg = self.config
         c = stage.consts[b.id]
         st = self.state[stage.key].setdefault(b.id, {"step": 0})
+        ys = ys.to(self._stats_dtype)
         stat = ys @ ys.transpose(-1, -2) / c["dim"]
         if cfg.beta2 == 0.0:
             ema = stat
@@ -479,8 +547,8 @@ class Symo(torch.optim.Optimizer):
             if cfg.estimator == "taylor" and b.id in (sw.dense_factors.keys() | sw.root_factors.keys()):
                 st["precond"] = self._taylor(a, sw.factor(b.id).to(a.dtype), stage.power)
             else:
-                st["precond"] = _matrix_power(a, stage.power, cfg, c["backend"])
-        return st["precond"] @ y
+                st["precond"] = _matrix_power(a, stage.power, cfg, c["backend"], c["where"])
+        return (st["precond"] @ y.to(st["precond"].dtype)).to(y.dtype)
 
     def _taylor(self, sg: torch.Tensor, sw: torch.Tensor, power: float) -> torch.Tensor:
         """H = S_w^{-1} # S_g (solves H S_w H = S_g), then H^{2 power}; S_w is fully damped first."""
@@ -624,11 +692,52 @@ def _stack_blocks(cfg: SymoConfig, device: torch.device) -> bool:
     return device.type != "cpu" if cfg.batch_blocks == "auto" else cfg.batch_blocks
 
 
-def _matrix_power(a: torch.Tensor, power: float, cfg: SymoConfig, backend: str) -> torch.Tensor:
+def _matrix_power(a: torch.Tensor, power: float, cfg: SymoConfig, backend: str, where: str) -> torch.Tensor:
+    """A^power of a stored statistic by the block's backend, never diverging.
+
+    The coupled Newton–Schulz iteration runs only where its damping makes it accurate (it cannot form
+    a pseudo-inverse); eigh elsewhere. A non-finite result is retried by a float64 eigh; if that too
+    is non-finite, NonFiniteUpdateError names the block and the backend."""
     absolute = cfg.damping_mode == "absolute"
-    if backend == "newton_schulz":
-        return inv_sqrt_newton_schulz(a, cfg.ns_inverse_steps, cfg.damping, absolute=absolute)
-    return sym_power(a, power, cfg.damping, FLOAT64_EIGH_MAX, absolute=absolute)
+    if backend == "newton_schulz" and ns_inverse_root_is_accurate(a, cfg.ns_inverse_steps, cfg.damping, absolute):
+        out = inv_sqrt_newton_schulz(a, cfg.ns_inverse_steps, cfg.damping, absolute=absolute)
+    else:
+        out = sym_power(a, power, cfg.damping, FLOAT64_EIGH_MAX, absolute=absolute)
+    if bool(torch.isfinite(out).all()):
+        return out
+    if bool(torch.isfinite(a).all()):
+        out = sym_power(a.to(torch.float64), power, cfg.damping, FLOAT64_EIGH_MAX, absolute=absolute).to(a.dtype)
+        if bool(torch.isfinite(out).all()):
+            return out
+    raise NonFiniteUpdateError(
+        f"Symo's curvature power for {where} came out NaN/inf (backend {backend}, statistic dtype {a.dtype}, "
+        f"statistic {'finite' if bool(torch.isfinite(a).all()) else 'non-finite'}) although the gradients were "
+        "finite; this is the optimizer's numerics, not your gradient: use stats_dtype='float64' and "
+        "backend='eigh', or add damping")
+
+
+def auto_backend(cfg: SymoConfig, power: float, gram: int, device: torch.device, stats_dtype: torch.dtype) -> str:
+    """backend="auto" for one block: "newton_schulz" or "eigh" (SymoConfig.backend).
+
+    Muon path: Muon's quintic for Gram sides above eigh_max_size. Stored statistics: the coupled
+    inverse-root iteration only where it is both cheaper (an accelerator; on CPU a float64 eigh is
+    4-15x cheaper at every size) and accurate (relative damping at or above its floor)."""
+    large = power == -0.5 and gram > cfg.eigh_max_size
+    if not cfg.muon_path:
+        large = large and device.type != "cpu" and cfg.damping_mode == "relative" and (
+            cfg.damping >= ns_inverse_root_min_damping(cfg.ns_inverse_steps, stats_dtype))
+    return "newton_schulz" if large else "eigh"
+
+
+def _lr_eff(lr: float, unit: float | None) -> str:
+    return "" if unit is None else f", lr_eff={lr * unit:.3g}"
+
+
+def _resolve_stats_dtype(choice: str, device: torch.device) -> torch.dtype:
+    """SymoConfig.stats_dtype -> the dtype of stored statistics and their matrix functions."""
+    if choice == "float64" or (choice == "auto" and device.type != "mps"):
+        return torch.float64
+    return torch.float32
 
 
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:

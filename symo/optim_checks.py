@@ -23,7 +23,8 @@ _INTS = ("precondition_frequency", "eigh_max_size", "ns_steps", "ns_inverse_step
 _BOOLS = ("nesterov", "check_finite", "compile")
 _CHOICES = {"source": ("momentum", "gradient"), "damping_mode": ("relative", "absolute"),
             "estimator": ("gradient", "taylor"), "update_scale": ("natural", "muon", "adamw"),
-            "backend": ("auto", "eigh", "newton_schulz"), "ns_method": ("auto", "iterate", "spectral")}
+            "backend": ("auto", "eigh", "newton_schulz"), "ns_method": ("auto", "iterate", "spectral"),
+            "stats_dtype": ("auto", "float64", "float32")}
 
 
 def _is_real(x: object) -> bool:

@@ -321,16 +321,18 @@ def test_state_dict_round_trip_continues_bit_identically(dtype, options):
     assert bufs and all(b.dtype == torch.promote_types(dtype, torch.float32) for b in bufs)
 
 
-def test_bfloat16_trains_with_float32_statistics():
+@pytest.mark.parametrize("stats_dtype,want", [("auto", torch.float64), ("float32", torch.float32)])
+def test_bfloat16_trains_with_float64_statistics_by_default(stats_dtype, want):
     torch.manual_seed(0)
     model = MLP((8, 16, 12, 4)).to(torch.bfloat16)
-    opt = Symo(model.named_parameters(), MUON, lr=0.02, beta2=0.9, update_scale="muon", adamw_lr=1e-2)
+    opt = Symo(model.named_parameters(), MUON, lr=0.02, beta2=0.9, update_scale="muon", adamw_lr=1e-2,
+               stats_dtype=stats_dtype)
     loss_fn = regression(model, torch.bfloat16)
     first = float(loss_fn().detach())
     train(model, [opt], loss_fn, 20)
     assert float(loss_fn().detach()) < first
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
-    assert all(st["ema"].dtype == torch.float32 for st in opt.state["symo_blocks"].values())
+    assert all(st["ema"].dtype == want for st in opt.state["symo_blocks"].values())
     assert all(opt.state[p]["exp_avg"].dtype == torch.float32 for p in (model.fc1.bias, model.fc2.bias))
 
 

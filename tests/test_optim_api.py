@@ -98,11 +98,12 @@ def test_describe_reports_every_option_and_block():
                                     "3 to AdamW")
     options = " ".join(ln.strip() for ln in text.splitlines()[1:3])  # the option line wraps at 120 columns
     assert options == ("beta1=0.9 nesterov=False beta2=0.5 source=gradient estimator=taylor "
-                       "power=-0.25 damping=0.001 (absolute) update_scale=adamw frequency=3")
+                       "power=-0.25 damping=0.001 (absolute) update_scale=adamw frequency=3 statistics=float64")
     blocks = [ln for ln in text.splitlines() if ln.startswith("  L")]
     assert len(blocks) == 3 and blocks[1].startswith("  L1 nat(rows2)")
-    assert blocks[1].endswith(": Y 1x8x6, d=6, backend=eigh; fc2.weight"), blocks[1]
-    assert text.splitlines()[-1] == "  AdamW: fc1.bias, fc2.bias, fc3.bias"
+    # update_scale="adamw": every block's unit update has RMS adamw_rms (0.2), so lr_eff = 0.1 * 0.2
+    assert blocks[1].endswith(": Y 1x8x6, d=6, lr_eff=0.02, backend=eigh; fc2.weight"), blocks[1]
+    assert text.splitlines()[-1] == "  AdamW: fc1.bias, fc2.bias, fc3.bias at its own rate adamw_lr=0.0003 (not lr)"
     bias_free = MLP(SIZES, bias=False)
     assert Symo(bias_free.named_parameters(), MUON).describe().splitlines()[-1] == "  AdamW: (none)"
 
