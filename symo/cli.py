@@ -311,13 +311,15 @@ def _warn_relaxed(spec, model, args: argparse.Namespace, sizes: dict[str, int] |
     relaxed = [r for r in rows if r.status == "relaxed"]
     checked = sum(r.status != "identity" for r in rows)
     if not relaxed:
-        print(f"symmetry check: all {checked} spaces with a group are true symmetries of the model "
-              f"(float64; --no-check skips it)")
+        what = "the space with a group is a true symmetry" if checked == 1 else \
+            f"all {checked} spaces with a group are true symmetries"
+        print(f"symmetry check: {what} of the model (float64; --no-check skips it)")
         return
     sys.stdout.flush()
     width = max(len(r.space) for r in relaxed)
-    lines = [f"warning: {len(relaxed)} of {checked} spaces are not true symmetries of the model (relaxed, the "
-             "outputs change; fine if intended):"]
+    verb = "is not a true symmetry" if len(relaxed) == 1 else "are not true symmetries"
+    lines = [f"warning: {len(relaxed)} of {checked} space{'s' if checked != 1 else ''} {verb} of the model "
+             "(relaxed, the outputs change; fine if intended):"]
     lines += [f"  {r.space:<{width}}  {r.group + (f' per {r.per}' if r.per else ''):<24} size {r.size:>6}  "
               f"relative output change {r.rel_change:.2e}" for r in relaxed]
     lines.append(f"  details: symo check {args.spec} --model {args.model}; --no-check skips this check")
@@ -375,7 +377,8 @@ def _run_check(args) -> int:
         change = "-" if r.rel_change is None else f"{r.rel_change:.2e}"
         print(f"{r.space:<{width}}  {group:<26} {r.size:>6}  {r.status:<8}  {change}")
     relaxed = sum(r.status == "relaxed" for r in rows)
-    print(f"{len(rows)} spaces: {sum(r.status == 'true' for r in rows)} true, {relaxed} relaxed "
+    print(f"{len(rows)} space{'s' if len(rows) != 1 else ''}: {sum(r.status == 'true' for r in rows)} true, "
+          f"{relaxed} relaxed "
           f"(tolerance {args.tolerance:.0e})")
     return 0
 

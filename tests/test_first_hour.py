@@ -142,7 +142,7 @@ def test_compile_with_a_model_warns_about_each_relaxed_space(tmp_path: Path, cap
     assert "isotypic" in out.lower() or "block" in out.lower()
     warned = [line.split()[0] for line in err.splitlines() if line.startswith("  ") and "output change" in line]
     assert warned == ["h1"], err  # named, and only the relaxed one
-    assert err.startswith("warning: 1 of 2 spaces are not true symmetries") and "symo check" in err
+    assert err.startswith("warning: 1 of 2 spaces is not a true symmetry") and "symo check" in err
     assert symo.cli.main([*base, "--no-check"]) == 0
     assert capsys.readouterr().err == ""
     assert symo.cli.main(["compile", "mlp_tanh", "--model", "symo.models:mlp_tanh", "--no-disk-cache"]) == 0
