@@ -8,7 +8,6 @@ and against Shampoo, the uncovered parameters, and where the generated code live
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import math
@@ -105,98 +104,6 @@ def _parse_sizes(items: list[str]) -> dict[str, int]:
     return sizes
 
 
-def _add_train_parser(sub) -> None:
-    """`symo train`: every TrainConfig field as a --flag (symo/train.py)."""
-    from .train_config import DEFAULT_LR, OPTIMIZERS, TrainConfig
-
-    t = sub.add_parser("train", help="train a small GPT on Shakespeare (or --data FILE) with Symo, Muon or AdamW",
-                       description="Train a nanoGPT-shaped character model. Under torchrun it runs with DDP.")
-    helps = {
-        "data": "UTF-8 text file (default: the bundled Shakespeare plays)",
-        "out_dir": "run folder for log.csv, loss.png, ckpt.pt (default runs/<data>-<optimizer>-<time>)",
-        "optimizer": f"one of {', '.join(OPTIMIZERS)}",
-        "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
-        "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
-        "lr": "learning rate of the hidden matrices (AdamW: of all parameters); default "
-              + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()),
-        "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
-        "warmup": "linear warm-up steps (then cosine decay to --min-lr-ratio x lr)",
-        "batch_size": "global batch (divided among processes)",
-        "eval_interval": "steps between validation losses (and checkpoints)",
-        "device": "cpu or cuda",
-        "compile": "torch.compile the model",
-        "resume": "continue the run in RUN_DIR (or --out-dir) from its ckpt.pt, bit-identically; every option not "
-                  "given is taken from the checkpoint",
-        "cache_dir": "encoded-corpus cache folder (default: platform cache, or $SYMO_DATA_CACHE)",
-        "sample_chars": "characters sampled at the end (0: none)",
-        "threads": "torch CPU threads per process",
-        "ns_method": "Symo: Newton-Schulz as the iteration (iterate), through one eigh (spectral), or auto "
-                     "(spectral on CPU where cheaper); default %(default)s",
-    }
-    # Defaults are left out of the namespace (SUPPRESS): `--resume RUN_DIR` takes every option not given
-    # from the checkpoint, so the options given must be told apart from the defaults.
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        text = helps.get(f.name, "(default %(default)s)").replace("%(default)s", str(f.default))
-        if f.name == "bias":
-            t.add_argument("--no-bias", dest="bias", action="store_false", default=argparse.SUPPRESS,
-                           help="no biases in Linear / LayerNorm")
-        elif f.name == "progress":
-            t.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS,
-                           help="no progress bar (the results, the sample and the paths are still printed)")
-        elif f.name == "resume":
-            t.add_argument(flag, nargs="?", const=True, default=argparse.SUPPRESS, metavar="RUN_DIR", help=text)
-        elif f.type in ("bool", bool):
-            t.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
-            t.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text,
-                           choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral")}.get(f.name))
-    t.set_defaults(run=_run_train)
-
-
-def _run_train(args: argparse.Namespace) -> int:
-    import torch.distributed as dist
-
-    from .checkpoint import CheckpointError
-    from .compiler import SpecError
-    from .data import DataError
-    from .train import TrainConfig, saved_options, train
-
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
-    try:
-        options = dict(given)
-        resume = given.get("resume")
-        run_dir = resume if isinstance(resume, str) else given.get("out_dir") if resume else None
-        if isinstance(resume, str) and given.get("out_dir") not in (None, resume):
-            raise ValueError(f"--resume {resume} and --out-dir {given['out_dir']} name different run folders; "
-                             "give one of them")
-        if run_dir is not None:  # resuming: the checkpoint's options, then those given on the command line
-            options = {**saved_options(run_dir), **given, "resume": True, "out_dir": run_dir}
-        result = train(TrainConfig(**options))
-    except (CheckpointError, DataError, SpecError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a run folder or file the system refuses (too long a name, no permission, ...)
-        print(f"error: {_describe(exc)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if dist.is_initialized():  # under torchrun
-            dist.destroy_process_group()
-    if result.get("sample") is not None:  # rank 0; --no-progress silences only the progress bar
-        h = result["history"]
-        train_loss = next((v for v in reversed(h["train_loss"]) if v == v), float("nan"))
-        print(f"\nstep {result['steps']}: val loss {result['final_val']:.4f} (train {train_loss:.4f}), "
-              f"{h['elapsed_s'][-1]:.0f} s, {result['ms_per_step']:.0f} ms/step")
-        if result["sample"]:
-            print("\n--- sample ---\n" + result["sample"].strip() + "\n--------------")
-        print(f"loss plot: {result.get('plot') or '(matplotlib missing)'}")
-        print(f"log: {result['run_dir'] / 'log.csv'}   checkpoint: {result['run_dir'] / 'ckpt.pt'}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     from . import __version__
 
@@ -206,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         "check), then train with it (train). Each command has its own --help.")
     parser.add_argument("--version", action="version", version=f"symo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_train_parser(sub)
+    from .cli_train import add_train_parser
+
+    add_train_parser(sub)
     c = sub.add_parser("compile", help="compile a spec and print its structure")
     c.add_argument("spec", help="path to a .toml spec file, or the name of a bundled spec (e.g. gpt_muon)")
     src = c.add_mutually_exclusive_group(required=True)
@@ -227,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_params_command(sub)
     _add_check_parser(sub)
     _add_infer_parser(sub)
-    _add_equivariance_parser(sub)
+    from .cli_equivariance import add_equivariance_parser
+
+    add_equivariance_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -417,85 +328,6 @@ def _run_infer(args) -> int:
     print()
     print(symo.compile(result.spec, model).describe())
     return 0
-
-
-# ---------------------------------------------------------------------------- symo equivariance
-_BUILTIN_RULES = ("sgd", "heavy_ball", "symo", "gd", "adam", "scalar_adam", "rmsprop", "signum", "lion", "adafactor",
-                  "muon", "shampoo")
-
-
-def _add_equivariance_parser(sub) -> None:
-    e = sub.add_parser("equivariance", help="does an optimizer commute with a symmetry? (twin training, float64)",
-                       description="Train w and A w in lockstep (A a random element of the spec's group) and "
-                                   "report ||A w_t - w'_t|| / ||w'_t|| at step 1 and after --steps steps. Exit "
-                                   "status 0 if equivariant, 1 if not. Default problem: a small W = U V^T "
-                                   "matrix-sensing problem with the O(k) gauge (specs/factored.toml).")
-    e.add_argument("optimizer", nargs="+",
-                   help=f"one or more of {', '.join(_BUILTIN_RULES)}, or module:factory (factory(named_params) "
-                        "returns a torch.optim.Optimizer)")
-    e.add_argument("--lr", type=float, default=None, help="learning rate of the built-in rules (default per rule)")
-    e.add_argument("--steps", type=int, default=10)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--tolerance", type=float, default=1e-8)
-    e.add_argument("--spec", default=None, help="symmetry spec (default: factored, with the default problem)")
-    e.add_argument("--model", default=None, help="module:factory returning an nn.Module (needs --loss and --spec)")
-    e.add_argument("--loss", default=None, help="module:function, loss(module) -> scalar tensor")
-    e.set_defaults(run=_equivariance)
-
-
-def _optimizer_factory(name: str, lr: float | None):
-    import torch
-
-    import symo
-    from symo import zoo
-
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            return getattr(_import(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise CommandError(f"optimizer {name!r}: {exc}") from exc
-    if name == "sgd":
-        return lambda ps: torch.optim.SGD(ps, lr=lr or 0.05)
-    if name == "heavy_ball":
-        return lambda ps: torch.optim.SGD(ps, lr=lr or 0.05, momentum=0.9)
-    if name == "symo":
-        return lambda ps: symo.Symo(ps, "factored", lr=lr or 1e-2)
-    if name in zoo.RULES:
-        return lambda ps: zoo.make(name, ps, lr)
-    raise CommandError(f"unknown optimizer {name!r}; choose from {', '.join(_BUILTIN_RULES)} or give module:factory",
-                       2)
-
-
-def _equivariance(args) -> int:
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
-        raise CommandError(f"--lr must be a positive number, got {args.lr:g}", status=2)
-    import symo
-    from symo.compiler import SpecError
-
-    model = loss = None
-    if args.model or args.loss:
-        if not (args.model and args.loss and args.spec):
-            print("error: --model needs --loss and --spec (the loss must be invariant under the spec's group)",
-                  file=sys.stderr)
-            return 2
-        model = _load_factory(args.model)
-        module, _, attr = args.loss.partition(":")
-        try:
-            loss = getattr(_import(module), attr)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise CommandError(f"--loss {args.loss!r}: {exc}") from exc
-    all_ok = True
-    for name in args.optimizer:
-        try:
-            report = symo.check_equivariance(_optimizer_factory(name, args.lr), model, args.spec, loss,
-                                             steps=args.steps, seed=args.seed, tolerance=args.tolerance)
-        except SpecError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"{name:>12}: {report.summary()}")
-        all_ok &= report.is_equivariant
-    return 0 if all_ok else 1
 
 
 if __name__ == "__main__":
