@@ -22,6 +22,8 @@ def add_train_parser(sub) -> None:
         "optimizer": f"one of {', '.join(OPTIMIZERS)}",
         "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
         "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
+        "preset": "Symo's preset: paper (averaged S^-1/2, no momentum, float64 powers), muon or shampoo; "
+                  "default: Muon's options at Muon's scale; --lr defaults to the preset's rate",
         "lr": "learning rate of the hidden matrices (AdamW: of all parameters); default "
               + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()),
         "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
@@ -56,7 +58,8 @@ def add_train_parser(sub) -> None:
         else:
             kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
             t.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text,
-                           choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral")}.get(f.name))
+                           choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral"),
+                                    "preset": ("paper", "muon", "shampoo")}.get(f.name))
     t.set_defaults(run=_run_train)
 
 

@@ -264,8 +264,10 @@ class Symo(torch.optim.Optimizer):
             stages = [_Stage(self.compiled, "symo_blocks", cfg.power / 2),
                       _Stage(second, "symo_gm_blocks", cfg.power / 2)]
         for k, stage in enumerate(stages):
+            transposed = _square_transposed_blocks(stage.compiled)
             for b in stage.compiled.blocks:
                 stage.consts[b.id] = self._block_consts(b, stage.power, first=k == 0)
+                stage.consts[b.id]["transposed"] = b.id in transposed
         self._stages = stages
 
         groups = []
@@ -449,11 +451,16 @@ class Symo(torch.optim.Optimizer):
             if c["backend"] == "newton_schulz":
                 # batch 1 (a whole matrix): plain 2-D GEMMs, faster than bmm and rounding like Muon's
                 y2 = y[0] if y.shape[0] == 1 else y
+                if c["transposed"]:
+                    # Y = G^T of one square matrix: iterate on G, as Muon does (the same map, rounded alike)
+                    y2 = y2.transpose(-1, -2)
                 if self._ns_method(y2.shape, y2.device) == "spectral":
-                    z = newton_schulz_spectral(y2, cfg.ns_steps, cfg.ns_coeffs).reshape(y.shape)
+                    z = newton_schulz_spectral(y2, cfg.ns_steps, cfg.ns_coeffs)
+                    z = (z.transpose(-1, -2) if c["transposed"] else z).reshape(y.shape)
                 else:
                     work = y2.to(torch.bfloat16) if cfg.ns_dtype == "bfloat16" else y2
-                    z = newton_schulz(work, cfg.ns_steps, cfg.ns_coeffs).to(y.dtype).reshape(y.shape)
+                    z = newton_schulz(work, cfg.ns_steps, cfg.ns_coeffs).to(y.dtype)
+                    z = (z.transpose(-1, -2) if c["transposed"] else z).reshape(y.shape)
                 # sqrt(d) polar(Y) is the natural scale; fold it into the convention's factor
                 return self._finish(z, c, last=True, extra=math.sqrt(c["dim"]))
             z = gram_power_apply(y, cfg.power, c["dim"], cfg.damping, absolute=absolute)
@@ -669,7 +676,8 @@ def _fast_directions_static(opt: Symo, names, grads, bufs, betas, nesterovs) -> 
         if present.isdisjoint(c["params"]):
             zs[b.id] = torch.zeros_like(ys[b.id])
         elif batch:
-            key = (tuple(ys[b.id].shape), tuple(ss[b.id].shape), c["dim"], c["backend"], c["scale"], c["dof"])
+            key = (tuple(ys[b.id].shape), tuple(ss[b.id].shape), c["dim"], c["backend"], c["scale"], c["dof"],
+                   c["transposed"])
             groups.setdefault(key, []).append(b.id)
         else:
             zs[b.id] = opt._fast_block(ys[b.id], ss[b.id], c)
@@ -685,6 +693,23 @@ def _fast_directions_static(opt: Symo, names, grads, bufs, betas, nesterovs) -> 
         for i, z in zip(ids, opt._fast_block(y, s, c).split([ys[i].shape[0] for i in ids])):
             zs[i] = z
     return comp.scatter(zs)
+
+
+def _square_transposed_blocks(comp: CompiledSpec) -> set[str]:
+    """Blocks whose Y is the transpose of one square 2-D parameter (batch 1), found by gathering a
+    probe: Newton-Schulz then iterates on the parameter's own orientation, as Muon does."""
+    out = set()
+    for b in comp.blocks:
+        if b.batch != 1 or len(b.params) != 1 or b.mult != b.width:
+            continue
+        (name,) = b.params
+        if comp.shapes[name] != (b.mult, b.width):
+            continue
+        probe = {n: torch.zeros(s, dtype=torch.float64) for n, s in comp.shapes.items()}
+        probe[name] = torch.arange(b.mult * b.width, dtype=torch.float64).reshape(b.mult, b.width)
+        if torch.equal(comp.gather(probe)[b.id][0], probe[name].T):
+            out.add(b.id)
+    return out
 
 
 def _stack_blocks(cfg: SymoConfig, device: torch.device) -> bool:

@@ -54,6 +54,10 @@ def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
     d_head = cfg.n_embd // cfg.n_head
     sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
     compiled = symo.compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
+    if cfg.preset is not None:  # the preset's options; --ns-method overrides only when set
+        extra = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
+        return symo.Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
+                         adamw_lr=cfg.adamw_lr, **extra)
     return symo.Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
                      adamw_lr=cfg.adamw_lr, ns_method=cfg.ns_method)
 

@@ -12,8 +12,8 @@ OPTIMIZERS = ("symo", "muon", "adamw")
 DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 4e-3}
 # Settings a resumed checkpoint must share with the run: they change the model, the optimizer or the
 # sequence of batches and learning rates.
-RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "lr",
-               "adamw_lr", "weight_decay", "warmup", "min_lr_ratio", "batch_size", "steps", "seed")
+RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "preset",
+               "lr", "adamw_lr", "weight_decay", "warmup", "min_lr_ratio", "batch_size", "steps", "seed")
 
 
 @dataclass
@@ -30,6 +30,7 @@ class TrainConfig:
     optimizer: str = "symo"
     spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
     partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
+    preset: str | None = None          # Symo's preset (symo.presets: paper, muon, shampoo); None: Muon's scale
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
     weight_decay: float = 0.0
@@ -69,5 +70,16 @@ class TrainConfig:
         if self.eval_batches < 1 or (self.threads is not None and self.threads < 1):
             name = "eval_batches" if self.eval_batches < 1 else "threads"
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.preset is not None:
+            from .presets import get_preset
+
+            if self.optimizer != "symo":
+                raise ValueError(f"--preset applies to --optimizer symo, not {self.optimizer!r}")
+            try:
+                default_lr = get_preset(self.preset).lr
+            except ValueError as err:
+                raise ValueError(f"--preset: {err}") from None
+        else:
+            default_lr = DEFAULT_LR[self.optimizer]
         if self.lr is None:
-            self.lr = DEFAULT_LR[self.optimizer]
+            self.lr = default_lr

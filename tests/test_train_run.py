@@ -2,6 +2,7 @@
 
 import dataclasses
 import hashlib
+import math
 import os
 import socket
 from pathlib import Path
@@ -183,3 +184,20 @@ def test_cli_train_prints_sample_and_plot(tmp_path, capsys):
     assert "--- sample ---" in out and f"loss plot: {Path(cfg.out_dir) / 'loss.png'}" in out
     assert cli.main(args + ["--resume", "--lr", "0.1"]) == 2
     assert "other settings" in capsys.readouterr().err
+
+
+def test_train_with_a_preset_builds_that_optimizer_and_takes_its_rate(tmp_path):
+    """--preset paper: the run's Symo has the paper preset's options and, without --lr, its rate."""
+    from symo.presets import PRESETS
+    from symo.train import build_optimizer
+
+    cfg = tiny(tmp_path, spec="gpt_true", preset="paper")
+    assert cfg.lr == PRESETS["paper"].lr
+    result = train(cfg)
+    assert math.isfinite(result["final_val"])
+    opt = build_optimizer(result["model"], cfg)
+    assert opt.preset.name == "paper" and opt.config.beta2 == 0.95 and opt.config.beta1 == 0.0
+    with pytest.raises(ValueError, match="--preset applies to --optimizer symo"):
+        tiny(tmp_path, optimizer="muon", preset="paper")
+    with pytest.raises(ValueError, match="--preset: unknown preset 'papr'"):
+        tiny(tmp_path, preset="papr")
