@@ -10,7 +10,7 @@
 3. The tanh RNN spec (tier 2, specs/rnn_tanh.toml) at hidden width 512: cold compile in a fresh
    interpreter, and orbit_average + power(-1/2) + matvec as a ratio to one forward-backward pass of
    the RNN on 32 sequences of length 50 (target <= 0.5). `--rnn-only` runs just this part.
-4. Depth sweep (issue 10): a `{i}` stack (`layers.{i}.fc1.weight = ["h{i}", "_"]`, its bias,
+4. Depth sweep: a `{i}` stack (`layers.{i}.fc1.weight = ["h{i}", "_"]`, its bias,
    `fc2.weight = ["_", "h{i}"]`, widths 64/32) at 12, 100, 400, 1000 layers with `h{i}` perm and
    signed_perm, cold compile in a fresh interpreter per run, median of `--depth-reps` runs (target:
    400 perm layers < 2 s); and GPT-2 XL (48 layers) with the true-symmetry spec (gpt.toml with perm
@@ -198,7 +198,7 @@ def depth_entry(depths: tuple[int, ...] = (12, 100, 400, 1000), reps: int = 3) -
     the per-layer path (`templates=False`, what every spec compiled to before), alternating."""
     import os
 
-    from tqdm import tqdm
+    from symo.progress import progress as tqdm
 
     load_before = os.getloadavg()
     points = [(group, layers) for group in ("perm", "signed_perm") for layers in depths]
@@ -322,7 +322,7 @@ def main() -> None:
         return g @ ((evecs * evals.clamp_min(1e-30).rsqrt()) @ evecs.T)
 
     # accuracy of both against the float64 polar factor U V^T: a float32 Gram loses the smallest singular
-    # directions; Symo forms undamped Grams of float32 data in float64 (symo/linalg.py, issue 10)
+    # directions; Symo forms undamped Grams of float32 data in float64 (symo/linalg.py)
     u, _, vh = torch.linalg.svd(g.double())
     polar = u @ vh
     err_symo = ((symo_path() / n ** 0.5).double() - polar).norm() / polar.norm()

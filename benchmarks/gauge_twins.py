@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.nn import functional as F
-from tqdm import tqdm
+
+from symo.progress import progress as tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

@@ -1,4 +1,4 @@
-"""How well do curvature estimates point the way the true Hessian does? (issue 8; metrics in docs/hessian.md)
+"""How well do curvature estimates point the way the true Hessian does? (metrics in docs/hessian.md)
 
 Small MLPs are trained with Adam on minibatches; every estimator is fed the same stream of minibatch
 gradients (EMA beta = 0.95 for all). At three points of the run (early, middle, late) each estimate
@@ -26,7 +26,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+
+from symo.progress import progress as tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlp_common as mc  # noqa: E402

@@ -33,7 +33,8 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+
+from symo.progress import progress as tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sensing_core as sc  # noqa: E402

@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     names = list(QUICK if args.quick else MODELS)
-    from tqdm import tqdm
+    from symo.progress import progress as tqdm
 
     ctx = mp.get_context("spawn")
     rows = {}

@@ -24,7 +24,8 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+
+from symo.progress import progress as tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sensing_core as sc  # noqa: E402
@@ -356,6 +357,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="with --merge-from: the merged files' tail runs join --out's tail runs (a tail grid "
                          "extension; every (tau, rule) re-selected over the union) instead of replacing them")
     ap.add_argument("--notes-file", type=Path, default=None, help="with --merge-from: lines for the md's Notes")
+    ap.add_argument("--replace-zoo-rules", default=None,
+                    help="with --merge-from: comma-separated zoo rules whose runs in --out's file are dropped first, "
+                         "so the merged files' runs of them replace them (a rule whose update rule changed)")
     ap.add_argument("--dial-grid", default=None, help="dial: comma-separated subset of learning rates")
     ap.add_argument("--zoo-grid", default=None,
                     help="zoo: rule=lr/lr,... instead of the protocol grids (to extend a grid; merge afterwards)")
@@ -377,6 +381,9 @@ def main(argv: list[str] | None = None) -> dict:
     data.setdefault("commands", [])
     if args.merge_from:
         tail_runs: list[dict] = []
+        if args.replace_zoo_rules:
+            dropped = set(args.replace_zoo_rules.split(","))
+            data["zoo_runs"] = [r for r in data.get("zoo_runs", []) if r["rule"] not in dropped]
         for other in args.merge_from.split(","):
             extra = json.loads(Path(other).read_text())
             for c in extra.pop("commands", []):

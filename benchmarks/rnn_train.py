@@ -134,7 +134,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    from tqdm import tqdm
+    from symo.progress import progress as tqdm
 
     shape = (args.steps, args.length, args.hidden, args.batch)
     grids = {k: list(v) for k, v in GRIDS.items()}

@@ -75,25 +75,26 @@ def cache_key(spec: Spec, bound: BoundSpec, plan: TemplatePlan | None = None) ->
 
 def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None,
                  cache_dir: str | Path | None = None, disk_cache: bool = True,
-                 templates: bool = True) -> GeneratedModule:
+                 templates: bool = True, strict: bool = True) -> GeneratedModule:
     """Run the pipeline. `shapes` is {name: shape} or an nn.Module; `sizes` sets space sizes that the
     shapes leave open (see `bind`). Nothing is cached from a failed compile. `templates=False`
-    derives every layer on its own even where layers form families (the reference path of the tests)."""
+    derives every layer on its own even where layers form families (the reference path of the tests).
+    `strict=False` binds the spec to a subset of its parameters (see `bind`)."""
     # A deep spec allocates ~100 small objects a parameter that all live until the compile returns;
     # Python's cyclic collector would rescan them again and again (quadratic in depth, half of a
     # 1000-layer compile). Nothing here makes cycles worth collecting early.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _compile_spec(spec, shapes, sizes, cache_dir, disk_cache, templates)
+        return _compile_spec(spec, shapes, sizes, cache_dir, disk_cache, templates, strict)
     finally:
         if enabled:
             gc.enable()
 
 
 def _compile_spec(spec: Spec, shapes: Any, sizes: dict[str, int] | None, cache_dir: str | Path | None,
-                  disk_cache: bool, templates: bool) -> GeneratedModule:
-    bound = bind(spec, shapes_of(shapes), sizes)
+                  disk_cache: bool, templates: bool, strict: bool = True) -> GeneratedModule:
+    bound = bind(spec, shapes_of(shapes), sizes, strict=strict)
     plan = template_plan(bound) if templates else None
     key = cache_key(spec, bound, plan)
     values = bound.sizes

@@ -85,9 +85,18 @@ def bundled_specs() -> dict[str, Path]:
 
 def resolve_spec_path(path: str | Path) -> Path:
     """An existing path wins; otherwise a bare name ("gpt_muon" or "gpt_muon.toml") names a bundled spec."""
+    text = os.fspath(path)
+    if "\0" in str(text):
+        raise SpecError("the path contains a NUL byte, which no file name can hold", file=short(repr(text)),
+                        hint="check how the path was built (a NUL often marks the end of a C string)")
     path = Path(path)
-    if path.exists():
-        return path
+    try:
+        if path.exists():
+            return path
+    except OSError as exc:  # e.g. ENAMETOOLONG: exists() lets it through
+        raise SpecError(f"cannot use the path ({exc.strerror or exc}; {len(str(text)):,} characters)",
+                        file=short(str(text)), hint="check the path: a spec file, or a bundled spec name "
+                        "such as 'gpt_muon'") from None
     if len(path.parts) == 1:
         bundled = bundled_specs()
         stem = path.stem if path.suffix == ".toml" else path.name
@@ -106,7 +115,7 @@ def load_spec(path: str | Path) -> Spec:
         data = path.read_bytes()
     except OSError as exc:
         names = ", ".join(sorted(bundled_specs()))
-        raise SpecError(f"cannot read the spec file ({exc.strerror or exc})", file=str(path),
+        raise SpecError(f"cannot read the spec file ({exc.strerror or exc})", file=short(str(path)),
                         hint=f"check the path, or name a bundled spec: {names}") from exc
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError(f"the file is {len(data):,} bytes, larger than any spec ({MAX_SPEC_BYTES:,})",

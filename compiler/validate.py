@@ -165,12 +165,20 @@ def _shape(name: str, shape: object) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, int] | None = None) -> BoundSpec:
+def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, int] | None = None, *,
+         strict: bool = True) -> BoundSpec:
     """Bind `spec` to parameter `shapes`; raise `SpecError` on any inconsistency.
 
     `sizes` overrides or supplies space sizes, keyed by a declared name (a family such as `head{i}`
     sets every instance) or by an instance name (`head3`); the shapes cannot always tell them apart
-    (n_head x d_head is one axis)."""
+    (n_head x d_head is one axis).
+
+    `strict=False` binds a spec to a subset of the parameters it was written for (fine-tuning part of
+    a model): a rule that matches no parameter is dropped, as a `?` rule is, and so are the spaces and
+    blocks that then have no parameter, and `sizes` for such spaces are ignored. Everything that does
+    match is checked as strictly as before."""
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict must be True or False, got {strict!r}")
     # a rule whose key starts with "?" is optional: matching nothing is fine (e.g. biases of a
     # bias-free model); every other rule must match at least one parameter
     optional = {r.pattern: r.pattern.startswith("?") for r in spec.params}
@@ -189,12 +197,17 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
             hits[r.pattern] += 1
             matched[name] = (r, m.groupdict())
     for pattern, n in hits.items():
-        if n == 0 and not optional[pattern]:
+        if n == 0 and not optional[pattern] and strict:
             close = difflib.get_close_matches(pattern.replace("{", "").replace("}", ""), list(shapes), 3, 0.3)
             raise SpecError("pattern matches no parameter of the model", file=spec.source,
                             key=f"params.{pattern!r}",
-                            hint=f"check the name; parameters that look similar: {close}" if close
-                            else "check the name against model.named_parameters()")
+                            hint=(f"check the name; parameters that look similar: {close}" if close
+                                  else "check the name against model.named_parameters()")
+                            + "; to use the spec for a subset of the parameters (fine-tuning part of a model), "
+                              "pass strict=False (CLI: --partial)")
+    if not strict and not matched:
+        raise SpecError("no rule of the spec matches any parameter given", file=spec.source, key="params",
+                        hint=f"check the names against the parameters, e.g. {few(list(shapes), 4)}")
 
     decls = {d.name: d for d in spec.spaces}
     families = [(d, _pattern_regex(d.name, spec.source, f"spaces.{d.name}")) for d in spec.spaces if "{" in d.name]
@@ -245,7 +258,11 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
             axes.append(out)
         concrete[name] = axes
 
-    sizes = _infer_sizes(spec, resolved, matched, concrete, shapes, sizes or {})
+    sizes = sizes or {}
+    if not strict and isinstance(sizes, Mapping):  # sizes of spaces the dropped rules used: nothing to set
+        known = set(resolved) | {d.name for d, _ in resolved.values()}
+        sizes = {k: v for k, v in sizes.items() if k in known}
+    sizes = _infer_sizes(spec, resolved, matched, concrete, shapes, sizes)
     spaces: dict[str, BoundSpace] = {}
     taken: set[str] = set()  # symbols given so far (a set kept up to date: rebuilding it is quadratic in depth)
     for s in sorted(resolved, key=lambda s: _decl_order(spec, resolved[s][0], s)):
@@ -300,7 +317,7 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
 def _decl_order(spec: Spec, decl: SpaceDecl, name: str) -> tuple:
     i = [d.name for d in spec.spaces].index(decl.name)
     # families: order instances numerically where the captures are numbers (h2 before h10)
-    return (i, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
+    return (i, [int(t) if t.isdecimal() else t for t in re.split(r"(\d+)", name)])  # "²".isdigit(), not int()
 
 
 class _Match:

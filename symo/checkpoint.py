@@ -61,8 +61,13 @@ def load_checkpoint(path: str | Path, expected: Mapping[str, Any], map_location:
     saved = blob.get("settings", {})
     diff = {k: (saved.get(k, "<missing>"), v) for k, v in expected.items() if saved.get(k, "<missing>") != v}
     if diff:
-        lines = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
+        lines = ", ".join(f"{_flag(k)}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
         raise CheckpointError(f"{path}: the checkpoint was written with other settings ({lines}). Resume with the "
-                              "checkpoint's settings, or start a new run with another --out-dir; the checkpoint "
-                              "was left as it is")
+                              "checkpoint's settings (`--resume RUN_DIR` alone takes them all from the checkpoint), "
+                              "or start a new run with another --out-dir; the checkpoint was left as it is")
     return blob
+
+
+def _flag(key: str) -> str:
+    """A setting's command-line option (--n-embd for n_embd); the corpus's name and vocabulary come from --data."""
+    return {"vocab": "vocabulary of --data", "data": "--data"}.get(key, "--" + key.replace("_", "-"))

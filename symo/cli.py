@@ -8,7 +8,6 @@ and against Shampoo, the uncovered parameters, and where the generated code live
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import math
@@ -16,38 +15,70 @@ import os
 import sys
 from pathlib import Path
 
-from .compiled import fit_lines
-from .compiler import SpecError
+# Only the standard library at import time: `symo --help` must not pay for torch, sympy or networkx.
+# Each command imports what it needs.
+
+
+class CommandError(Exception):
+    """A user error on the command line: main() prints `error: <message>` (no traceback) and returns
+    `status`: 2 for input refused as given (a bad spec, a bad option value, a usage error, as argparse's),
+    1 for something that failed while running (a model that does not import or build, an unreadable file)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _import(module: str):
+    """Import `module` as `python -m` does: the current folder comes first on sys.path, so
+    `--model mymodels:factory` finds ./mymodels.py (the `symo` console script alone would not)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
+    return importlib.import_module(module)
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _load_factory(text: str):
+    label = _short(text, 300)  # for the messages
     module, _, attr = text.partition(":")
     if not attr:
-        raise SystemExit(f"--model expects module:factory (e.g. symo.models:gpt_small), got {text!r}")
+        raise CommandError(f"--model expects module:factory (e.g. symo.models:gpt_small), got {label!r}", 2)
     try:
-        factory = getattr(importlib.import_module(module), attr)
+        factory = getattr(_import(module), attr)
     except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"--model {text!r}: {exc}") from None
+        raise CommandError(f"--model {label!r}: {_short(str(exc), 300)}") from None
+    except Exception as exc:  # the module itself failed (empty name, a syntax error, an error at import)
+        raise CommandError(f"--model {label!r}: importing {module!r} raised {type(exc).__name__}: {exc}") from None
     if not callable(factory):
-        raise SystemExit(f"--model {text!r}: {attr} is not callable (give a function or class returning an nn.Module)")
+        raise CommandError(f"--model {label!r}: {attr} is not callable (give a function or class returning an "
+                           "nn.Module)")
     try:
         model = factory()
     except Exception as exc:  # the user's factory: report it, without a traceback
-        raise SystemExit(f"--model {text!r}: the factory raised {type(exc).__name__}: {exc}") from None
+        raise CommandError(f"--model {label!r}: the factory raised {type(exc).__name__}: {exc}") from None
     if not callable(getattr(model, "named_parameters", None)):
-        raise SystemExit(f"--model {text!r}: the factory returned {type(model).__name__}, not an nn.Module")
+        raise CommandError(f"--model {label!r}: the factory returned {type(model).__name__}, not an nn.Module")
     return model
 
 
 def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
     """`name=16x8,other=16` or a path to a JSON file {name: [16, 8]}."""
-    if Path(text).is_file():
+    try:
+        is_file = Path(text).is_file()
+    except (OSError, ValueError):  # a name too long for the file system: not a file, so read it as name=shape
+        is_file = False
+    if is_file:
         try:
             data = json.loads(Path(text).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SystemExit(f"--shapes {text}: cannot read a JSON object {{name: [dims]}} ({exc})") from None
+            raise CommandError(f"--shapes {_short(text)}: cannot read a JSON object {{name: [dims]}} ({exc})") from None
         if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
-            raise SystemExit(f"--shapes {text}: expected a JSON object {{name: [dims]}}, "
+            raise CommandError(f"--shapes {_short(text)}: expected a JSON object {{name: [dims]}}, "
                              'e.g. {"fc1.weight": [16, 8]}')
         return {k: tuple(v) for k, v in data.items()}
     shapes = {}
@@ -58,7 +89,8 @@ def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
                 raise ValueError
             shapes[name.strip()] = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
-            raise SystemExit(f"--shapes: cannot read {item!r}; write name=16x8,other=16 or a JSON file") from None
+            raise CommandError(f"--shapes: cannot read {_short(item)!r}; write name=16x8,other=16 or a JSON file",
+                               2) from None
     return shapes
 
 
@@ -66,92 +98,24 @@ def _parse_sizes(items: list[str]) -> dict[str, int]:
     sizes = {}
     for item in items:
         name, _, value = item.partition("=")
-        if not value.isdigit():
-            raise SystemExit(f"--size expects space=N (e.g. head{{i}}=4), got {item!r}")
+        if not (value.isascii() and value.isdigit()):  # "1²".isdigit() is True, int("1²") fails
+            raise CommandError(f"--size expects space=N (e.g. head{{i}}=4), got {_short(item)!r}", 2)
         sizes[name] = int(value)
     return sizes
-
-
-def _add_train_parser(sub) -> None:
-    """`symo train`: every TrainConfig field as a --flag (symo/train.py)."""
-    from .train import DEFAULT_LR, OPTIMIZERS, TrainConfig
-
-    t = sub.add_parser("train", help="train a small GPT on Shakespeare (or --data FILE) with Symo, Muon or AdamW",
-                       description="Train a nanoGPT-shaped character model. Under torchrun it runs with DDP.")
-    helps = {
-        "data": "UTF-8 text file (default: the bundled Shakespeare plays)",
-        "out_dir": "run folder for log.csv, loss.png, ckpt.pt (default runs/<data>-<optimizer>-<time>)",
-        "optimizer": f"one of {', '.join(OPTIMIZERS)}",
-        "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
-        "preset": "Symo's preset: paper (averaged S^-1/2, no momentum, float64 powers), muon or shampoo; "
-                  "default: Muon's options at Muon's scale; --lr defaults to the preset's rate",
-        "lr": f"learning rate of the hidden matrices (AdamW: of all parameters); default {DEFAULT_LR}",
-        "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
-        "warmup": "linear warm-up steps (then cosine decay to --min-lr-ratio x lr)",
-        "batch_size": "global batch (divided among processes)",
-        "eval_interval": "steps between validation losses (and checkpoints)",
-        "device": "cpu or cuda",
-        "compile": "torch.compile the model",
-        "resume": "continue the run in --out-dir from its ckpt.pt (same settings), bit-identically",
-        "cache_dir": "encoded-corpus cache folder (default: platform cache, or $SYMO_DATA_CACHE)",
-        "sample_chars": "characters sampled at the end (0: none)",
-        "threads": "torch CPU threads per process",
-        "ns_method": "Symo: Newton-Schulz as the iteration (iterate), through one eigh (spectral), or auto "
-                     "(spectral on CPU where cheaper); default %(default)s",
-    }
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.name == "bias":
-            t.add_argument("--no-bias", dest="bias", action="store_false", help="no biases in Linear / LayerNorm")
-        elif f.name == "progress":
-            t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-        elif f.type in ("bool", bool):
-            t.add_argument(flag, action="store_true", help=helps.get(f.name))
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
-            t.add_argument(flag, type=kind, default=f.default, help=helps.get(f.name, "(default %(default)s)"),
-                           choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral"),
-                                    "preset": ("paper", "muon", "shampoo")}.get(f.name))
-    t.set_defaults(run=_run_train)
-
-
-def _run_train(args: argparse.Namespace) -> int:
-    import torch.distributed as dist
-
-    from .checkpoint import CheckpointError
-    from .data import DataError
-    from .train import TrainConfig, train
-
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
-    try:
-        result = train(TrainConfig(**options))
-    except (CheckpointError, DataError, SpecError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if dist.is_initialized():  # under torchrun
-            dist.destroy_process_group()
-    if result.get("sample") is not None and args.progress:
-        h = result["history"]
-        train_loss = next((v for v in reversed(h["train_loss"]) if v == v), float("nan"))
-        print(f"\nstep {result['steps']}: val loss {result['final_val']:.4f} (train {train_loss:.4f}), "
-              f"{h['elapsed_s'][-1]:.0f} s, {result['ms_per_step']:.0f} ms/step")
-        if result["sample"]:
-            print("\n--- sample ---\n" + result["sample"].strip() + "\n--------------")
-        print(f"loss plot: {result.get('plot') or '(matplotlib missing)'}")
-        print(f"log: {result['run_dir'] / 'log.csv'}   checkpoint: {result['run_dir'] / 'ckpt.pt'}")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="symo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="symo", description="Symo: symmetry-structured curvature for PyTorch. List a model's parameters "
+        "(params), write a spec or let infer write one, compile it and check it against the model (compile, "
+        "check), then train with it (train). Each command has its own --help.")
     parser.add_argument("--version", action="version", version=f"symo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_train_parser(sub)
+    from .cli_train import add_train_parser
+
+    add_train_parser(sub)
     c = sub.add_parser("compile", help="compile a spec and print its structure")
     c.add_argument("spec", help="path to a .toml spec file, or the name of a bundled spec (e.g. gpt_muon)")
     src = c.add_mutually_exclusive_group(required=True)
@@ -162,40 +126,69 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--source", action="store_true", help="also print the generated code")
     c.add_argument("--optimizer", action="store_true",
                    help="also report the Symo optimizer it builds (default options; needs --model)")
+    c.add_argument("--partial", action="store_true",
+                   help="the parameters are a subset of those the spec was written for: drop the rules that match "
+                        "none (default: such a rule is an error)")
+    c.add_argument("--no-check", dest="check", action="store_false",
+                   help="with --model: skip the symmetry check (by default each space is checked as `symo check` "
+                        "does, and every space that is not a true symmetry is named in a warning)")
     c.set_defaults(run=_compile_command)
     _add_params_command(sub)
     _add_check_parser(sub)
     _add_infer_parser(sub)
-    _add_equivariance_parser(sub)
+    from .cli_equivariance import add_equivariance_parser
+
+    add_equivariance_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except SpecError as exc:
+    except _spec_error() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except CommandError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.status
     except (SystemExit, KeyboardInterrupt):
         raise
     except BrokenPipeError:  # `symo ... | head`: the reader left; not an error worth a message
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:  # no traceback for a user: the error and where to look
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: {_describe(exc)}", file=sys.stderr)
         return 1
+
+
+def _describe(exc: BaseException, limit: int = 1000) -> str:
+    """An unexpected error in one line of bounded length: an OSError by its reason and (shortened) file."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        name = str(exc.filename)
+        return f"{exc.strerror or type(exc).__name__}: {name if len(name) <= 120 else name[:117] + '...'}"
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _spec_error() -> type[Exception] | tuple[()]:
+    """symo.SpecError if the compiler was imported (a SpecError can only come from it), else nothing to catch."""
+    errors = sys.modules.get("symo.compiler.errors")
+    return errors.SpecError if errors is not None else ()
 
 
 def _compile_command(args: argparse.Namespace) -> int:
     import symo
 
+    from .compiled import fit_lines
+
+    if args.optimizer and not args.model:  # before any output: a usage error prints nothing else
+        print("error: --optimizer needs --model (the optimizer needs parameters)", file=sys.stderr)
+        return 2
+    sizes = _parse_sizes(args.size) or None
     target = _load_factory(args.model) if args.model else _parse_shapes(args.shapes)
-    compiled = symo.compile(args.spec, target, sizes=_parse_sizes(args.size) or None,
-                            disk_cache=not args.no_disk_cache)
+    spec = symo.load_spec(args.spec)
+    compiled = symo.compile(spec, target, sizes=sizes, disk_cache=not args.no_disk_cache, strict=not args.partial)
     print(compiled.describe())
     if args.source:
         print(compiled.source)
     if args.optimizer:
-        if not args.model:
-            print("error: --optimizer needs --model (the optimizer needs parameters)", file=sys.stderr)
-            return 2
         opt = symo.Symo(target.named_parameters(), compiled)
         print()
         print(opt.describe())
@@ -204,7 +197,44 @@ def _compile_command(args: argparse.Namespace) -> int:
             f"optimizer state (numbers): Symo {m['symo']:,} (block statistics {m['symo_block_statistics']:,}) | "
             f"AdamW {m['adamw']:,} ({m['symo'] / m['adamw']:.2f}x of AdamW) | "
             f"Shampoo factors + AdamW {m['shampoo']:,} ({m['symo'] / max(m['shampoo'], 1):.2f}x of Shampoo)"]))
+    print()
+    if not args.model:
+        print(f"symmetry not checked (no model): run `symo check {args.spec} --model module:factory` to see which "
+              "spaces are true symmetries")
+    elif args.check:
+        _warn_relaxed(spec, target, args, sizes)
     return 0
+
+
+def _warn_relaxed(spec, model, args: argparse.Namespace, sizes: dict[str, int] | None) -> None:
+    """`symo compile --model`: the check of `symo check` (symo.check_spec); one warning per space that
+    is not a true symmetry of the model, on stderr."""
+    from .infer import check_spec
+
+    tolerance = 1e-9
+    try:
+        rows = check_spec(spec, model, sizes=sizes, tolerance=tolerance, strict=not args.partial)
+    except Exception as exc:  # the user's model could not run the check: say so, the compile stands
+        sys.stdout.flush()
+        print(f"warning: symmetry not checked ({type(exc).__name__}: {str(exc)[:300]}); run `symo check "
+              f"{args.spec} --model {args.model}` once the model runs on example inputs", file=sys.stderr)
+        return
+    relaxed = [r for r in rows if r.status == "relaxed"]
+    checked = sum(r.status != "identity" for r in rows)
+    if not relaxed:
+        what = "the space with a group is a true symmetry" if checked == 1 else \
+            f"all {checked} spaces with a group are true symmetries"
+        print(f"symmetry check: {what} of the model (float64; --no-check skips it)")
+        return
+    sys.stdout.flush()
+    width = max(len(r.space) for r in relaxed)
+    verb = "is not a true symmetry" if len(relaxed) == 1 else "are not true symmetries"
+    lines = [f"warning: {len(relaxed)} of {checked} space{'s' if checked != 1 else ''} {verb} of the model "
+             "(relaxed, the outputs change; fine if intended):"]
+    lines += [f"  {r.space:<{width}}  {r.group + (f' per {r.per}' if r.per else ''):<24} size {r.size:>6}  "
+              f"relative output change {r.rel_change:.2e}" for r in relaxed]
+    lines.append(f"  details: symo check {args.spec} --model {args.model}; --no-check skips this check")
+    print("\n".join(lines), file=sys.stderr)
 
 
 def _add_params_command(sub) -> None:
@@ -235,17 +265,19 @@ def _add_check_parser(sub) -> None:
     c.add_argument("--size", action="append", default=[], help="space size the shapes leave open, e.g. head{i}=4")
     c.add_argument("--trials", type=int, default=2, help="random group elements per space (default 2)")
     c.add_argument("--tolerance", type=float, default=1e-9, help="relative output change counted as zero (float64)")
+    c.add_argument("--partial", action="store_true", help="drop the spec's rules that match no parameter")
     c.set_defaults(run=_run_check)
 
 
 def _run_check(args) -> int:
     """`symo check SPEC --model m:f`: one line per space, true or relaxed, with the measured change."""
+    from .compiler import SpecError
     from .infer import check_spec
 
     model = _load_factory(args.model)
     try:
         rows = check_spec(args.spec, model, sizes=_parse_sizes(args.size) or None, trials=args.trials,
-                          tolerance=args.tolerance)
+                          tolerance=args.tolerance, strict=not args.partial)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -256,7 +288,8 @@ def _run_check(args) -> int:
         change = "-" if r.rel_change is None else f"{r.rel_change:.2e}"
         print(f"{r.space:<{width}}  {group:<26} {r.size:>6}  {r.status:<8}  {change}")
     relaxed = sum(r.status == "relaxed" for r in rows)
-    print(f"{len(rows)} spaces: {sum(r.status == 'true' for r in rows)} true, {relaxed} relaxed "
+    print(f"{len(rows)} space{'s' if len(rows) != 1 else ''}: {sum(r.status == 'true' for r in rows)} true, "
+          f"{relaxed} relaxed "
           f"(tolerance {args.tolerance:.0e})")
     return 0
 
@@ -295,81 +328,6 @@ def _run_infer(args) -> int:
     print()
     print(symo.compile(result.spec, model).describe())
     return 0
-
-
-# ---------------------------------------------------------------------------- symo equivariance
-_BUILTIN_RULES = ("sgd", "heavy_ball", "symo", "gd", "adam", "scalar_adam", "rmsprop", "signum", "lion", "adafactor",
-                  "muon", "shampoo")
-
-
-def _add_equivariance_parser(sub) -> None:
-    e = sub.add_parser("equivariance", help="does an optimizer commute with a symmetry? (twin training, float64)",
-                       description="Train w and A w in lockstep (A a random element of the spec's group) and "
-                                   "report ||A w_t - w'_t|| / ||w'_t|| at step 1 and after --steps steps. Exit "
-                                   "status 0 if equivariant, 1 if not. Default problem: a small W = U V^T "
-                                   "matrix-sensing problem with the O(k) gauge (specs/factored.toml).")
-    e.add_argument("optimizer", nargs="+",
-                   help=f"one or more of {', '.join(_BUILTIN_RULES)}, or module:factory (factory(named_params) "
-                        "returns a torch.optim.Optimizer)")
-    e.add_argument("--lr", type=float, default=None, help="learning rate of the built-in rules (default per rule)")
-    e.add_argument("--steps", type=int, default=10)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--tolerance", type=float, default=1e-8)
-    e.add_argument("--spec", default=None, help="symmetry spec (default: factored, with the default problem)")
-    e.add_argument("--model", default=None, help="module:factory returning an nn.Module (needs --loss and --spec)")
-    e.add_argument("--loss", default=None, help="module:function, loss(module) -> scalar tensor")
-    e.set_defaults(run=_equivariance)
-
-
-def _optimizer_factory(name: str, lr: float | None):
-    import torch
-
-    import symo
-    from symo import zoo
-
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise SystemExit(f"optimizer {name!r}: {exc}") from exc
-    if name == "sgd":
-        return lambda ps: torch.optim.SGD(ps, lr=lr or 0.05)
-    if name == "heavy_ball":
-        return lambda ps: torch.optim.SGD(ps, lr=lr or 0.05, momentum=0.9)
-    if name == "symo":
-        return lambda ps: symo.Symo(ps, "factored", lr=lr or 1e-2)
-    if name in zoo.RULES:
-        return lambda ps: zoo.make(name, ps, lr)
-    raise SystemExit(f"unknown optimizer {name!r}; choose from {', '.join(_BUILTIN_RULES)} or give module:factory")
-
-
-def _equivariance(args) -> int:
-    import symo
-
-    model = loss = None
-    if args.model or args.loss:
-        if not (args.model and args.loss and args.spec):
-            print("error: --model needs --loss and --spec (the loss must be invariant under the spec's group)",
-                  file=sys.stderr)
-            return 2
-        model = _load_factory(args.model)
-        module, _, attr = args.loss.partition(":")
-        try:
-            loss = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise SystemExit(f"--loss {args.loss!r}: {exc}") from exc
-    all_ok = True
-    for name in args.optimizer:
-        try:
-            report = symo.check_equivariance(_optimizer_factory(name, args.lr), model, args.spec, loss,
-                                             steps=args.steps, seed=args.seed, tolerance=args.tolerance)
-        except SpecError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"{name:>12}: {report.summary()}")
-        all_ok &= report.is_equivariant
-    return 0 if all_ok else 1
 
 
 if __name__ == "__main__":

@@ -150,10 +150,18 @@ def load_corpus(data: str | Path | None = None, cache_dir: str | Path | None = N
         name, read = SHAKESPEARE, shakespeare_text
     else:
         path = Path(data)
-        if not path.is_file():
-            raise DataError(f"--data {str(data)!r}: no such file "
+        label = str(data) if len(str(data)) <= 200 else str(data)[:197] + "..."
+        try:
+            is_file = path.is_file()
+        except OSError as exc:  # a name too long for the file system, ...
+            raise DataError(f"--data {label!r}: cannot use the path ({exc.strerror or exc})") from None
+        if not is_file:
+            raise DataError(f"--data {label!r}: no such file "
                             "(give a UTF-8 text file, or omit --data for Shakespeare)")
-        raw = path.read_bytes()
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise DataError(f"--data {label!r}: cannot read the file ({exc.strerror or exc})") from None
         key = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
         name = path.name
 

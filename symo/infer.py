@@ -335,14 +335,15 @@ class SpaceCheck:
 
 
 def check_spec(spec: Spec | str, model: nn.Module, example_inputs: Any = None, *, sizes: dict[str, int] | None = None,
-               trials: int = 2, tolerance: float = 1e-9, seed: int = 0) -> list[SpaceCheck]:
+               trials: int = 2, tolerance: float = 1e-9, seed: int = 0, strict: bool = True) -> list[SpaceCheck]:
     """For each declared space (hand-written or inferred), the relative change of the model's float64
-    outputs under random elements of its group alone: "true" at rounding level, else "relaxed"."""
+    outputs under random elements of its group alone: "true" at rounding level, else "relaxed".
+    `strict=False`: rules matching none of the model's parameters are dropped (as in `symo.compile`)."""
     from .compiler import load_spec, shapes_of
 
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
-    bound = bind(spec, shapes_of(model), sizes)
+    bound = bind(spec, shapes_of(model), sizes, strict=strict)
     args, kwargs = default_example_inputs(model) if example_inputs is None else normalize_inputs(example_inputs)
     check = OutputCheck(model, args, kwargs)
     tolerance = check.tolerance(tolerance)

@@ -344,8 +344,15 @@ def _split(tr: Tracer, name, args, kwargs, out):
 def _cat(tr: Tracer, name, args, kwargs, out):
     tensors = list(args[0] if args else kwargs["tensors"])
     d = _arg(args, kwargs, 1, "dim", 0)
-    if name in ("hstack", "vstack"):
-        raise NotImplementedError
+    if name in ("hstack", "vstack"):  # cat along the columns (rows for 1-D) / along new rows for 1-D tensors
+        one_d = tensors[0].dim() == 1
+        name, d = ("cat", 0 if one_d else 1) if name == "hstack" else (("stack", 0) if one_d else ("cat", 0))
+    if name != "stack":
+        # torch.cat skips a legacy empty 1-D tensor (shape (0,)) whatever the other shapes are: a key/value
+        # cache starts as one (Hugging Face's DynamicCache) before the first step's keys are appended
+        tensors = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0 and out.dim() != 1)]
+        if not tensors:
+            raise NotImplementedError
     recs = [tr.atoms(t) for t in tensors]
     parities = {tr.parity(t) for t in tensors}
     parity = parities.pop() if len(parities) == 1 else NONE

@@ -17,7 +17,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,72 +27,10 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .data import Corpus, _mix, load_corpus
 from .models import GPT, GPTConfig
 from .runlog import write_csv, write_plot
+from .train_config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
 
-OPTIMIZERS = ("symo", "muon", "adamw")
-# Learning rates of the covered (hidden-matrix) parameters; tuned on the comparison benchmark
-# (benchmarks/results/nanogpt_compare.md). Muon and Symo use Muon's scale (update_scale="muon").
-DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 4e-3}
-# Settings a resumed checkpoint must share with the run: they change the model, the optimizer or the
-# sequence of batches and learning rates.
-RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "preset",
-               "lr", "adamw_lr", "weight_decay", "warmup", "min_lr_ratio", "batch_size", "steps", "seed")
-
-
-@dataclass
-class TrainConfig:
-    """Every `symo train` option (the command-line flags are these names with dashes)."""
-
-    data: str | None = None            # None: bundled Shakespeare; else a UTF-8 text file
-    out_dir: str | None = None         # run folder; default runs/<data>-<optimizer>-<time>
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 64
-    bias: bool = True
-    optimizer: str = "symo"
-    spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
-    preset: str | None = None          # Symo's preset (symo.presets: paper, muon, shampoo); None: Muon's scale
-    lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
-    adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
-    weight_decay: float = 0.0
-    warmup: int = 20                   # linear warm-up steps, then cosine to min_lr_ratio * lr
-    min_lr_ratio: float = 0.1
-    batch_size: int = 16               # global batch (split over processes)
-    steps: int = 500
-    eval_interval: int = 100
-    eval_batches: int = 8
-    seed: int = 0
-    device: str = "cpu"
-    compile: bool = False
-    sample_chars: int = 300
-    resume: bool = False
-    cache_dir: str | None = None       # encoded-corpus cache; default ~/.cache/symo/data
-    progress: bool = True
-    threads: int | None = None         # torch.set_num_threads (CPU); default: torch's choice
-    ns_method: str = "auto"            # Symo's Newton-Schulz evaluation: auto, iterate, spectral (SymoConfig)
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"--n-embd {self.n_embd} must be a multiple of --n-head {self.n_head}")
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.preset is not None:
-            from .presets import get_preset
-
-            if self.optimizer != "symo":
-                raise ValueError(f"--preset applies to --optimizer symo, not {self.optimizer!r}")
-            try:
-                default_lr = get_preset(self.preset).lr
-            except ValueError as err:
-                raise ValueError(f"--preset: {err}") from None
-        else:
-            default_lr = DEFAULT_LR[self.optimizer]
-        if self.lr is None:
-            self.lr = default_lr
-
+__all__ = ["DEFAULT_LR", "OPTIMIZERS", "RESUME_KEYS", "TrainConfig", "build_optimizer", "lr_factor", "saved_options",
+           "train"]
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up over `warmup` steps, then cosine from 1 to `min_lr_ratio` at `steps`."""
@@ -116,12 +53,36 @@ def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
     spec = symo.load_spec(cfg.spec)
     d_head = cfg.n_embd // cfg.n_head
     sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
+    compiled = symo.compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
     if cfg.preset is not None:  # the preset's options; --ns-method overrides only when set
         extra = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
-        return symo.Symo(named, spec, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
-                         adamw_lr=cfg.adamw_lr, sizes=sizes, **extra)
-    return symo.Symo(named, spec, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
-                     adamw_lr=cfg.adamw_lr, sizes=sizes, ns_method=cfg.ns_method)
+        return symo.Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
+                         adamw_lr=cfg.adamw_lr, **extra)
+    return symo.Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
+                     adamw_lr=cfg.adamw_lr, ns_method=cfg.ns_method)
+
+
+def _options(cfg: TrainConfig) -> dict[str, Any]:
+    """Every option of the run, as the checkpoint stores them for `--resume RUN_DIR` (paths made absolute,
+    so a resume from another folder reads the same files)."""
+    options = dataclasses.asdict(cfg)
+    for key in ("data", "cache_dir"):
+        if options[key] is not None:
+            options[key] = os.path.abspath(options[key])
+    return {k: v for k, v in options.items() if k not in ("resume", "out_dir")}
+
+
+def saved_options(run_dir: str | Path) -> dict[str, Any]:
+    """The options the run in `run_dir` was started with, read from its ckpt.pt: what `symo train --resume
+    RUN_DIR` uses for every option not given on the command line."""
+    path = Path(run_dir) / "ckpt.pt"
+    blob = load_checkpoint(path, {}, map_location="cpu")
+    options = blob.get("options")
+    if not isinstance(options, dict):
+        raise CheckpointError(f"{path}: this checkpoint does not record its run's options (written by an older "
+                              f"symo train); resume with --resume --out-dir {run_dir} and the run's options")
+    names = {f.name for f in dataclasses.fields(TrainConfig)} - {"resume", "out_dir"}
+    return {k: v for k, v in options.items() if k in names}
 
 
 def _settings(cfg: TrainConfig, corpus: Corpus) -> dict[str, Any]:
@@ -184,6 +145,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
     `callback(step, row)` runs after every step (tests raise KeyboardInterrupt from it to stand for Ctrl-C).
     On KeyboardInterrupt a checkpoint is written before the exception propagates.
     """
+    _check_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rank, world = _distributed(cfg.device)
@@ -231,19 +193,23 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
     def checkpoint(step: int) -> None:
         if rank == 0:
             save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                                        "history": history, "base_lrs": base_lrs, "settings": settings})
+                                        "history": history, "base_lrs": base_lrs, "settings": settings,
+                                        "options": _options(cfg)})
             write_csv(run_dir / "log.csv", history)
 
-    lead = rank == 0 and cfg.progress
+    lead = rank == 0
     if lead:
         n_params = sum(p.numel() for p in model.parameters())
         print(f"symo train: {cfg.optimizer} (lr {cfg.lr:g}{', spec ' + cfg.spec if cfg.optimizer == 'symo' else ''}), "
               f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {n_params / 1e6:.2f}M parameters), "
               f"{corpus.name} ({len(corpus.ids):,} chars, vocabulary {corpus.vocab_size}), batch {cfg.batch_size}x"
-              f"{cfg.block_size}, {world} process(es) on {cfg.device}\nrun folder: {run_dir}", flush=True)
-    from tqdm.auto import tqdm
+              f"{cfg.block_size}, {world} process(es) on {cfg.device}\nrun folder: {run_dir}"
+              + (f" (resumed at step {start} of {cfg.steps})" if blob is not None else ""), flush=True)
+    from .progress import progress
 
-    bar = tqdm(total=cfg.steps, initial=start, disable=not lead, unit="step", dynamic_ncols=True)
+    # --no-progress silences the bar only; on a log file or pipe the bar is plain periodic lines
+    bar = progress(total=cfg.steps, initial=start, disable=not (lead and cfg.progress), unit="step",
+                   dynamic_ncols=True)
     step_times: list[float] = []
     elapsed0 = history["elapsed_s"][-1] if history["elapsed_s"] else 0.0
     t_run = time.perf_counter()
@@ -293,9 +259,9 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
         done = int(history["step"][-1])
         if clean:
             checkpoint(done)
-        if rank == 0 and cfg.progress:
+        if rank == 0:
             print(f"\ninterrupted: checkpoint of step {done} written to {ckpt_path}; continue with: symo train "
-                  f"--resume --out-dir {run_dir} (and the same options)" if clean else
+                  f"--resume {run_dir}" if clean else
                   "\ninterrupted mid-step: the last checkpoint was kept", flush=True)
         raise
     bar.close()
@@ -308,6 +274,24 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
         result["plot"] = write_plot(run_dir / "loss.png", history, title=f"{cfg.optimizer} on {corpus.name}")
         result["sample"] = sample(model, corpus, cfg.sample_chars, cfg.seed, device) if cfg.sample_chars else ""
     return result
+
+
+def _check_device(device: str) -> None:
+    """--device: a torch device this build and machine can use, else a ValueError saying what to do."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {device}: not a torch device; use cpu, cuda or cuda:N") from None
+    if kind == "cuda" and not torch.backends.cuda.is_built():
+        raise ValueError(f"--device {device}: this torch build has no CUDA (torch {torch.__version__}); install a "
+                         "CUDA build of torch (README, GPU users) or use --device cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: torch has CUDA but sees no GPU (check the driver and "
+                         "CUDA_VISIBLE_DEVICES), or use --device cpu")
+    if kind not in ("cpu", "cuda"):
+        ok = getattr(getattr(torch.backends, kind, None), "is_available", lambda: False)()
+        if not ok:
+            raise ValueError(f"--device {device}: not available in this torch build / machine; use cpu or cuda")
 
 
 def _record(history: dict[str, list[float]], step: int, lr: float, train_loss: float, val: float,
@@ -328,7 +312,7 @@ def _run_dir(cfg: TrainConfig, data_name: str, world: int) -> Path:
     if cfg.out_dir:
         return Path(cfg.out_dir)
     if cfg.resume:
-        raise CheckpointError("--resume needs --out-dir: the run folder whose ckpt.pt to continue")
+        raise CheckpointError("--resume needs the run folder whose ckpt.pt to continue: --resume RUN_DIR")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = [f"runs/{Path(data_name).stem}-{cfg.optimizer}-{stamp}-{_mix(os.getpid()) % 1000:03d}"]
     if world > 1:

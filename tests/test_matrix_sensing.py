@@ -112,3 +112,26 @@ def test_tail_grid_extension_joins_the_tail_on_merge(tmp_path):
     assert "--tail-grid gd=0.003" in (base / "matrix_sensing.md").read_text()
     again = ms.main(["--merge-from", str(ext / "matrix_sensing.json"), "--join-tail", "--out", str(base)])
     assert len(again["tail_runs"]) == 4 and again["tail"] == data["tail"]  # merging twice changes nothing
+
+
+def test_replace_zoo_rules_on_merge(tmp_path):
+    """--replace-zoo-rules: a rule whose update changed gets its new runs in place of the old ones (a plain
+    merge keeps the runs already held for the same (rule, lr, seed))."""
+    import json
+
+    ms = load_benchmark("matrix_sensing")
+    base, ext = tmp_path / "base", tmp_path / "ext"
+    grid = ["--zoo-grid", "adafactor=0.001,gd=0.03"]
+    ms.main(["--quick", "--part", "zoo", *grid, "--workers", "1", "--out", str(base)])
+    ms.main(["--quick", "--part", "zoo", "--zoo-grid", "adafactor=0.001", "--workers", "1", "--out", str(ext)])
+    new = json.loads((ext / "matrix_sensing.json").read_text())
+    for r in new["zoo_runs"]:
+        r["recovery"] = 123.0  # stands for the changed rule's result
+    (ext / "matrix_sensing.json").write_text(json.dumps(new))
+    kept = ms.main(["--merge-from", str(ext / "matrix_sensing.json"), "--out", str(base)])
+    assert [r["recovery"] for r in kept["zoo_runs"] if r["rule"] == "adafactor"] != [123.0]
+    replaced = ms.main(["--merge-from", str(ext / "matrix_sensing.json"), "--replace-zoo-rules", "adafactor",
+                        "--out", str(base)])
+    assert [r["recovery"] for r in replaced["zoo_runs"] if r["rule"] == "adafactor"] == [123.0]
+    assert replaced["zoo"]["adafactor"]["recovery_mean"] == 123.0
+    assert [r for r in replaced["zoo_runs"] if r["rule"] == "gd"] == [r for r in kept["zoo_runs"] if r["rule"] == "gd"]

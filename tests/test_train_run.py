@@ -89,6 +89,37 @@ def test_resume_after_interrupt_is_bit_identical(tmp_path, optimizer, spec):
     assert (tmp_path / "b" / "loss.png").is_file() and (tmp_path / "b" / "log.csv").read_text().count("\n") == 7
 
 
+def test_resume_by_run_folder_alone_is_bit_identical(tmp_path, capsys, monkeypatch):
+    """`symo train --resume RUN_DIR`, nothing else typed, from another folder: the options come from the
+    checkpoint, and the run ends with exactly the uninterrupted run's weights and history."""
+    straight = train(tiny(tmp_path, out_dir=str(tmp_path / "a"), spec="gpt_true"))
+
+    def interrupt(step, row):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(tmp_path, out_dir=str(tmp_path / "b"), spec="gpt_true"), callback=interrupt)
+    run = tmp_path / "b"
+    assert f"continue with: symo train --resume {run}\n" in capsys.readouterr().out
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the checkpoint's paths (data, cache) are absolute
+    assert cli.main(["train", "--resume", str(run), "--spec", "gpt_muon"]) == 2  # a conflict names the option
+    assert "--spec: checkpoint 'gpt_true' vs now 'gpt_muon'" in capsys.readouterr().err
+    assert cli.main(["train", "--resume", str(run)]) == 0
+    assert f"run folder: {run} (resumed at step 3 of 5)" in capsys.readouterr().out
+    blob = torch.load(run / "ckpt.pt", weights_only=True)
+    assert blob["step"] == 5
+    for n, a in straight["model"].state_dict().items():
+        assert torch.equal(a, blob["model"][n]), n
+    for key in ("val_loss", "train_loss", "lr"):
+        assert torch.equal(torch.tensor(straight["history"][key]).nan_to_num(-1),
+                           torch.tensor(blob["history"][key]).nan_to_num(-1)), key
+    assert cli.main(["train", "--resume", str(run), "--out-dir", str(tmp_path / "a")]) == 2
+    assert "name different run folders" in capsys.readouterr().err
+
+
 def test_bad_checkpoints_give_clear_errors_and_stay_intact(tmp_path):
     cfg = tiny(tmp_path, steps=3)
     train(cfg)
@@ -96,9 +127,9 @@ def test_bad_checkpoints_give_clear_errors_and_stay_intact(tmp_path):
     before = digest(ckpt)
     with pytest.raises(CheckpointError, match="exists: pass --resume"):
         train(cfg)  # a new run never overwrites a run folder's checkpoint
-    with pytest.raises(CheckpointError, match=r"other settings \(lr: checkpoint 0.02 vs now 0.05"):
+    with pytest.raises(CheckpointError, match=r"other settings \(--lr: checkpoint 0.02 vs now 0.05"):
         train(tiny(tmp_path, steps=3, resume=True, lr=0.05))
-    with pytest.raises(CheckpointError, match="n_embd"):
+    with pytest.raises(CheckpointError, match="--n-embd"):
         train(tiny(tmp_path, steps=3, resume=True, n_embd=32))
     assert digest(ckpt) == before
     ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated: corrupt

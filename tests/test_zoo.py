@@ -85,10 +85,33 @@ def test_lion_second_step_uses_the_interpolation_not_the_ema():
 
 
 def test_adafactor():
-    # row means of g^2: r = [2.5, 4.625]; column means: c = [5, 2.125]; mean(r) = 3.5625
-    r, c, mr = [2.5, 4.625], [5.0, 2.125], 3.5625
+    """r, c are EMAs of the row / column means of G^2 *without* bias correction (the protocol's Adafactor:
+    the correction would divide r and c by 1 - beta2^t, 1000x at step 1)."""
+    # row means of g^2: [2.5, 4.625]; column means: [5, 2.125]; after one step r, c = 0.001 x those
+    b2 = 0.999
+    r, c = [(1 - b2) * 2.5, (1 - b2) * 4.625], [(1 - b2) * 5.0, (1 - b2) * 2.125]
+    mr = (r[0] + r[1]) / 2
     want = [[-LR * G[i][j] / (math.sqrt(r[i] * c[j] / mr + 1e-30) + EPS) for j in range(2)] for i in range(2)]
     assert torch.allclose(first_step(zoo.Adafactor), expect(want), atol=1e-14)
+    # a second step: the EMAs continue uncorrected (a plain loop over the entries)
+    G2 = [[0.5, 1.0], [-1.0, 2.0]]
+    w = torch.zeros(2, 2, dtype=torch.float64, requires_grad=True)
+    opt = zoo.Adafactor([w], lr=LR)
+    for grad in (G, G2):
+        w.grad = torch.tensor(grad, dtype=torch.float64)
+        opt.step()
+    r2 = [b2 * r[i] + (1 - b2) * (G2[i][0] ** 2 + G2[i][1] ** 2) / 2 for i in range(2)]
+    c2 = [b2 * c[j] + (1 - b2) * (G2[0][j] ** 2 + G2[1][j] ** 2) / 2 for j in range(2)]
+    mr2 = (r2[0] + r2[1]) / 2
+    step2 = [[-LR * G2[i][j] / (math.sqrt(r2[i] * c2[j] / mr2 + 1e-30) + EPS) for j in range(2)] for i in range(2)]
+    assert torch.allclose(w.detach(), expect(want) + expect(step2), atol=1e-13)
+    # 1-D tensors: an unfactored v, also uncorrected
+    b = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    opt = zoo.Adafactor([b], lr=LR)
+    b.grad = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    opt.step()
+    want_1d = [-LR * g / (math.sqrt((1 - b2) * g * g) + EPS) for g in (2.0, -1.0)]
+    assert torch.allclose(b.detach(), torch.tensor(want_1d, dtype=torch.float64), atol=1e-14)
 
 
 def _ns5_scalar(s):
