@@ -1,4 +1,4 @@
-"""The paper's optimisation benchmarks end to end (issue 8): a teacher-student MLP and an MNIST autoencoder.
+"""The paper's optimisation benchmarks end to end: a teacher-student MLP and an MNIST autoencoder.
 
 (a) teacher-student MLP 100-70-40 (tanh and linear), full batch: test loss against iterations;
 (b) an MNIST autoencoder 784-128-32-128-784 (tanh) on a 10k-image subset of real MNIST (the

@@ -62,7 +62,7 @@ class IsotypicBlock:
     components: tuple[Component, ...]
     # row offsets and the multiplicity of a block with several components are symbols (_oL0_3, _mL0)
     # defined by these running sums, each on its predecessor: an offset written out in full would
-    # be a sum over every earlier component, and printing those is quadratic in depth (issue 10).
+    # be a sum over every earlier component, and printing those is quadratic in depth.
     offset_defs: tuple[tuple[sympy.Symbol, sympy.Expr, sympy.Expr], ...] = ()  # (symbol, previous, rows)
 
     @property

@@ -1,4 +1,4 @@
-"""Compile once per template (issue 10): families of identical layers share one derivation and one loop.
+"""Compile once per template: families of identical layers share one derivation and one loop.
 
 A *unit* is a set of parameters joined by the spaces they share (one attention layer, one MLP).
 Two units are *members of one family* when they are equal up to names: the same number of

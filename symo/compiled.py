@@ -196,14 +196,15 @@ class CompiledSpec:
             lines += [" " * len(row) + more for more in params[1:]]  # continuation under the column
         coupled = [(sp, ps) for sp, ps in self.couplings if len(ps) > 1]
         if coupled:
-            lines.append(f"coupled by shared spaces ({len(coupled)} groups of parameters):")
+            lines.append(f"coupled by shared spaces ({len(coupled)} group{'s' if len(coupled) != 1 else ''} "
+                         "of parameters):")
             lines += [f"  {{{summarize_names(ps)}}} via {', '.join(sp)}" for sp, ps in coupled[:4]]
             if len(coupled) > 4:
                 lines.append(f"  ... {len(coupled) - 4} more")
         m = self.memory()
         lines.append(f"memory (numbers): factors {m['factors']:,} | dense S {m['dense']:,} "
                      f"({m['dense'] / max(m['factors'], 1):,.0f}x more) | Shampoo {m['shampoo']:,} "
-                     f"({m['shampoo'] / max(m['factors'], 1):.2f}x)")
+                     f"({m['shampoo'] / max(m['factors'], 1):.2f}x Symo's)")
         if self.uncovered:
             lines.append("uncovered (not curvature-preconditioned): " + summarize_names(self.uncovered))
         lines.append(TERMS_NOTE)
@@ -252,7 +253,7 @@ def summarize_names(names) -> str:
     groups: dict[str, list[str]] = {}
     for name in names:
         parts = name.split(".")
-        digits = [i for i, p in enumerate(parts) if p.isdigit()]
+        digits = [i for i, p in enumerate(parts) if p.isdecimal()]  # "1²" is a digit but no int
         if len(digits) != 1:
             groups.setdefault(name, [])
             continue
@@ -278,7 +279,7 @@ def check_finite_tensors(tensors: Tensors, names: list[str]) -> None:
         return
     values = [tensors[n].detach() for n in present]
     # A sum is NaN or inf when an entry is, and runs at memory speed; isfinite().all() per tensor (and
-    # a NaN-aware max) cost 5% of a Muon-sized step on CPU (issue 10). A finite tensor whose sum
+    # a NaN-aware max) cost 5% of a Muon-sized step on CPU. A finite tensor whose sum
     # overflows only sends the check on to the exact per-tensor test.
     if bool(torch.isfinite(torch.stack([v.sum() for v in values])).all()):
         return

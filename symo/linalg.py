@@ -15,7 +15,7 @@ import torch
 FLOAT64_EIGH_MAX = 512
 
 # Undamped powers of Grams of float32 (or lower) data: the Gram of the smaller side is formed and
-# decomposed in float64 up to this size (issue 10). A float32 Gram cannot resolve singular values below
+# decomposed in float64 up to this size. A float32 Gram cannot resolve singular values below
 # ~sqrt(eps32) sigma_max ~ 3e-4 sigma_max, and a square Gaussian matrix has real ones there.
 ACCURATE_GRAM_MAX = 2048
 

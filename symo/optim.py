@@ -215,6 +215,8 @@ class Symo(torch.optim.Optimizer):
         preset: "paper", "muon" or "shampoo" (symo.presets): start from that configuration instead of
             the SymoConfig defaults; keyword `overrides` replace its values. Not with `config`.
         sizes: space sizes the shapes cannot decide (as in `symo.compile`).
+        strict: False lets the spec cover more parameters than are given (fine-tuning a subset): its
+            entries for absent parameters are dropped, as `symo.compile(..., strict=False)` does.
 
     Each user group becomes up to two torch param groups, `kind` "symo" (covered) and "adamw"
     (uncovered, with "lr" = adamw_lr), so schedulers, `zero_grad` and `state_dict` act on both.
@@ -222,7 +224,7 @@ class Symo(torch.optim.Optimizer):
 
     def __init__(self, params: NamedParams, spec: SpecLike, lr: float | None = None,
                  config: SymoConfig | None = None, *, preset: str | None = None,
-                 sizes: dict[str, int] | None = None, **overrides: Any) -> None:
+                 sizes: dict[str, int] | None = None, strict: bool = True, **overrides: Any) -> None:
         if config is not None and not isinstance(config, SymoConfig):
             raise TypeError(f"config must be a SymoConfig, got {type(config).__name__}")
         unknown = sorted(set(overrides) - {f.name for f in fields(SymoConfig)})
@@ -251,14 +253,14 @@ class Symo(torch.optim.Optimizer):
         shapes = {n: tuple(p.shape) for n, p in named.items()}
         self._device = next(iter(named.values())).device
         self._stats_dtype = _resolve_stats_dtype(cfg.stats_dtype, self._device)
-        self.compiled = _compile(spec, shapes, sizes)
+        self.compiled = _compile(spec, shapes, sizes, strict)
         covered = set(self.compiled.param_names)
         missing = sorted(covered - set(named))
         if missing:
             raise ValueError(f"the spec covers parameters that were not given to the optimizer: {missing}")
         stages = [_Stage(self.compiled, "symo_blocks", cfg.power)]
         if cfg.geometric_mean_with is not None:
-            second = _compile(cfg.geometric_mean_with, shapes, sizes)
+            second = _compile(cfg.geometric_mean_with, shapes, sizes, strict)
             if set(second.param_names) != covered:
                 raise ValueError("geometric_mean_with: both specs must cover the same parameters; "
                                  f"they differ on {sorted(covered ^ set(second.param_names))}")
@@ -780,7 +782,8 @@ def _tensors(v: Any) -> Iterable[torch.Tensor]:
             yield from _tensors(x)
 
 
-def _compile(spec: SpecLike, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None) -> CompiledSpec:
+def _compile(spec: SpecLike, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None,
+             strict: bool = True) -> CompiledSpec:
     if isinstance(spec, CompiledSpec):
         bad = {n: (s, shapes.get(n)) for n, s in spec.shapes.items() if shapes.get(n, s) != s}
         if bad:
@@ -788,7 +791,7 @@ def _compile(spec: SpecLike, shapes: dict[str, tuple[int, ...]], sizes: dict[str
         return spec
     from . import compile as symo_compile  # late: symo/__init__ imports this module
 
-    return symo_compile(spec, shapes, sizes=sizes)
+    return symo_compile(spec, shapes, sizes=sizes, strict=strict)
 
 
 def _normalise_groups(params: NamedParams) -> list[dict[str, Any]]:

@@ -253,3 +253,21 @@ def test_checkpoint_format_names_each_stage():
     assert {"symo_blocks", "symo_gm_blocks"} <= set(state)
     assert len(state["symo_blocks"]) == len(state["symo_gm_blocks"]) == 3
     assert all(set(st) == {"step", "ema", "precond"} for st in state["symo_gm_blocks"].values())
+
+
+def test_strict_false_preconditions_a_subset_with_the_full_spec():
+    """Fine-tuning part of a model: the whole model's spec, only fc3's parameters given. strict=True refuses
+    (saying how to fix it); strict=False drops the absent parameters' entries and steps the rest."""
+    from symo import SpecError
+
+    model = MLP((6, 10, 8, 4))
+    tanh = Path(__file__).resolve().parent.parent / "specs" / "mlp_tanh.toml"
+    subset = {n: p for n, p in model.named_parameters() if n.startswith("fc3")}
+    with pytest.raises(SpecError, match="strict=False"):
+        Symo(subset, tanh)
+    opt = Symo(subset, tanh, strict=False, lr=0.01)
+    assert set(opt.compiled.param_names) <= set(subset) and opt.compiled.param_names
+    before = model.fc3.weight.detach().clone()
+    model(torch.randn(5, 6)).pow(2).mean().backward()
+    opt.step()
+    assert not torch.equal(model.fc3.weight, before) and model.fc1.weight.grad is not None
