@@ -271,16 +271,20 @@ def test_update_scale_muon_on_the_exact_backend_is_muons_scale():
         assert rel(upd, max(1.0, g.shape[0] / g.shape[1]) ** 0.5 * u @ vh) < 1e-10, n
 
 
-def test_muon_reduction_is_bit_for_bit():
-    """The README's claim: muon.toml, newton_schulz backend, muon scale, float32 = the reference Muon
-    (tests/references.py) on the weights and torch's single-tensor AdamW on the biases, over 10 steps,
-    every parameter equal bit for bit."""
+@pytest.mark.parametrize("sizes,options", [
+    ((8, 16, 12, 4), {"lr": 0.02, "backend": "newton_schulz", "update_scale": "muon"}),
+    ((8, 16, 16, 4), {"preset": "muon"}),   # a square layer: iterated as G, in Muon's orientation, not G^T
+])
+def test_muon_reduction_is_bit_for_bit(sizes, options):
+    """The README's claim: muon.toml, newton_schulz backend, muon scale (or preset="muon"), float32 = the
+    reference Muon (tests/references.py) on the weights and torch's single-tensor AdamW on the biases, over
+    10 steps, every parameter equal bit for bit."""
     torch.manual_seed(0)
-    m1 = MLP((8, 16, 12, 4))
+    m1 = MLP(sizes)
     m2 = copy.deepcopy(m1)
     start, start_bias = m1.fc1.weight.detach().clone(), m1.fc1.bias.detach().clone()
-    opt = Symo(m1.named_parameters(), MUON, lr=0.02, backend="newton_schulz", update_scale="muon",
-               weight_decay=0.01, adamw_lr=0.01, adamw_wd=0.01)
+    opt = Symo(m1.named_parameters(), MUON, weight_decay=0.01, adamw_lr=0.01, adamw_wd=0.01, **options)
+    assert opt.param_groups[0]["lr"] == 0.02
     refs = [ReferenceMuon([p for n, p in m2.named_parameters() if n.endswith("weight")], lr=0.02, momentum=0.95,
                           nesterov=True, weight_decay=0.01),
             torch.optim.AdamW([p for n, p in m2.named_parameters() if n.endswith("bias")], lr=0.01,

@@ -3,14 +3,12 @@
 - paper: the authors' prototype algorithm for one signed-permutation hidden space on a bias-free MLP,
   written out below with numpy (float64 EMA with bias correction, square root by eigh with negative
   eigenvalues clamped to zero, pseudo-inverse of the root), lr alpha * beta^t, no momentum.
-- muon: the reference Muon (tests/references.py) bit for bit.
+- muon: the reference Muon bit for bit, square layers included (tests/test_optim_options.py).
 - shampoo: a running sum started at eps I and its exact inverse square root, per block.
 """
 
 from __future__ import annotations
 
-import copy
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +17,6 @@ from torch import nn
 
 from symo import PRESETS, Symo, SymoConfig
 from symo.models import MLP
-
-sys.path.insert(0, str(Path(__file__).parent))
-from references import ReferenceMuon  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 HIDDEN_SPEC = """
@@ -112,31 +107,6 @@ def HIDDEN_SPEC_PATH():  # noqa: N802 - a parsed spec from the text above
     from symo import parse_spec
 
     return parse_spec(HIDDEN_SPEC)
-
-
-def test_muon_preset_is_the_reference_muon_bit_for_bit():
-    """preset="muon" on specs/muon.toml, float32, with a square layer (16 x 16): every parameter equals the
-    reference Muon on the weights and torch's AdamW on the biases over 10 steps."""
-    torch.manual_seed(0)
-    m1 = MLP((8, 16, 16, 4))
-    m2 = copy.deepcopy(m1)
-    opt = Symo(m1.named_parameters(), SPECS / "muon.toml", preset="muon", adamw_lr=0.01)
-    assert opt.param_groups[0]["lr"] == PRESETS["muon"].lr
-    refs = [ReferenceMuon([p for n, p in m2.named_parameters() if n.endswith("weight")], lr=PRESETS["muon"].lr,
-                          momentum=0.95, nesterov=True),
-            torch.optim.AdamW([p for n, p in m2.named_parameters() if n.endswith("bias")], lr=0.01,
-                              betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, foreach=False)]
-    gen = torch.Generator().manual_seed(1)
-    x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)
-    for _ in range(10):
-        for model, opts in ((m1, [opt]), (m2, refs)):
-            for o in opts:
-                o.zero_grad()
-            (model(x) - y).pow(2).mean().backward()
-            for o in opts:
-                o.step()
-    for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
-        assert torch.equal(a, b), n
 
 
 def test_shampoo_preset_is_a_running_sum_from_eps_with_its_inverse_root():
