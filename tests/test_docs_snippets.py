@@ -57,6 +57,16 @@ def _gauge_user() -> dict:
     return user
 
 
+def _laplace_user() -> dict:
+    """A small MNIST-shaped classifier and loader (784 inputs, 10 classes), untrained: the snippet's
+    calls are what is checked, not the posterior's quality."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 784)
+    y = torch.randint(0, 10, (32,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    return {"train_loader": loader, "x": x[:4]}
+
+
 def _hf_user() -> dict:
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=13, n_positions=8)
@@ -70,6 +80,7 @@ USER = {
     ("docs/gauge.md", 0): _gauge_user,        # check_equivariance on "your own model"
     ("docs/infer.md", 0): _gpt_user,          # infer_spec(model, example_inputs)
     ("docs/specs.md", 0): _hf_user,           # the Hugging Face GPT-2 spec
+    ("docs/laplace.md", 0): _laplace_user,    # SymoLaplace on "a trained MLP" and its data loader
 }
 
 
