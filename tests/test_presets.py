@@ -100,7 +100,8 @@ def test_paper_preset_equals_the_prototype_algorithm_over_ten_steps():
         got = [student[0].weight.detach().numpy(), student[2].weight.detach().numpy()]
         for a, b in zip(got, ref):
             assert float(np.linalg.norm(a - b) / np.linalg.norm(b)) < 1e-8, t
-    assert float(loss_of(student, x, y)) < 0.5 * float(loss_of(teacher_student()[0], x, y))  # it trained
+    with torch.no_grad():  # it trained
+        assert float(loss_of(student, x, y)) < 0.5 * float(loss_of(teacher_student()[0], x, y))
 
 
 def HIDDEN_SPEC_PATH():  # noqa: N802 - a parsed spec from the text above
