@@ -150,6 +150,16 @@ def test_option_matches_reference_over_steps(layout, options, neighbour):
     assert distance(got, run_reference(layout, steps, lr, **neighbour)) > 1e-3
 
 
+def _bias_free_with_gradient():
+    """A float64 bias-free MLP, its data, the gradient at its start (then zeroed) and its start weights."""
+    model = MLP(SIZES, bias=False).double()
+    x, y = _data()
+    _loss(model, x, y).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    return model, x, y, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
 def test_auto_backend_switches_to_newton_schulz_above_eigh_max_size():
     """auto: Gram sides above eigh_max_size use Newton–Schulz, the rest eigh (the boundary included).
 
@@ -157,12 +167,7 @@ def test_auto_backend_switches_to_newton_schulz_above_eigh_max_size():
     fc2 (8 x 6, Gram side 6 > 5) is sqrt(rows) times Muon's quintic of G, far from the exact polar factor.
     """
     torch.manual_seed(0)
-    model = MLP(SIZES, bias=False).double()
-    x, y = _data()
-    _loss(model, x, y).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model, x, y, grads, before = _bias_free_with_gradient()
     opt = Symo(model.named_parameters(), MUON, lr=1.0, beta1=0.0, damping=0.0, eigh_max_size=5)
     report = opt.describe()
     assert "backend=newton_schulz (iterate); fc2.weight" in report
@@ -207,12 +212,7 @@ def test_newton_schulz_backend_for_stored_statistics_is_the_coupled_inverse_root
     torch.manual_seed(0)
     damping = 0.05
     for backend in ("newton_schulz", "auto"):
-        model = MLP(SIZES, bias=False).double()
-        x, y = _data()
-        _loss(model, x, y).backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        model.zero_grad()
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        model, x, y, grads, before = _bias_free_with_gradient()
         opt = Symo(model.named_parameters(), MUON, lr=1.0, beta1=0.0, beta2=0.9, damping=damping,
                    eigh_max_size=6, ns_inverse_steps=60, backend=backend)
         assert f"backend={'newton_schulz' if backend != 'auto' else 'eigh'}; fc2.weight" in opt.describe()
