@@ -37,7 +37,7 @@ def _preset(name: str, lr: float, summary: str, **values: Any) -> Preset:
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    _preset("paper", 0.05, "the published method: averaged S_g^{-1/2} g, no momentum, exact float64 powers",
+    _preset("paper", 0.03, "the published method: averaged S_g^{-1/2} g, no momentum, exact float64 powers",
             beta1=0.0, nesterov=False, beta2=0.95, source="gradient", damping=0.0, damping_mode="relative",
             estimator="gradient", power=-0.5, backend="eigh", stats_dtype="float64", update_scale="natural",
             precondition_frequency=1),
