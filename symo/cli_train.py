@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 
 from .cli import _describe
@@ -96,8 +97,10 @@ def _run_train(args: argparse.Namespace) -> int:
     if result.get("sample") is not None:  # rank 0; --no-progress silences only the progress bar
         h = result["history"]
         train_loss = next((v for v in reversed(h["train_loss"]) if v == v), float("nan"))
+        ms = result["ms_per_step"]
+        speed = f"{ms:.0f} ms/step" if math.isfinite(ms) else "no steps left (the checkpoint was at the last step)"
         print(f"\nstep {result['steps']}: val loss {result['final_val']:.4f} (train {train_loss:.4f}), "
-              f"{h['elapsed_s'][-1]:.0f} s, {result['ms_per_step']:.0f} ms/step")
+              f"{h['elapsed_s'][-1]:.0f} s, {speed}")
         if result["sample"]:
             print("\n--- sample ---\n" + result["sample"].strip() + "\n--------------")
         print(f"loss plot: {result.get('plot') or '(matplotlib missing)'}")

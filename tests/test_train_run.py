@@ -201,3 +201,12 @@ def test_train_with_a_preset_builds_that_optimizer_and_takes_its_rate(tmp_path):
         tiny(tmp_path, optimizer="muon", preset="paper")
     with pytest.raises(ValueError, match="--preset: unknown preset 'papr'"):
         tiny(tmp_path, preset="papr")
+
+
+def test_resuming_a_finished_run_says_no_steps_were_left(tmp_path, capsys):
+    """`symo train --resume RUN_DIR` on a run already at its last step prints that, not 'nan ms/step'."""
+    cfg = tiny(tmp_path, steps=2, eval_interval=1)
+    train(cfg)
+    assert cli.main(["train", "--resume", cfg.out_dir, "--no-progress"]) in (0, None)
+    out = capsys.readouterr().out
+    assert "no steps left" in out and "nan" not in out
