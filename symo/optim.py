@@ -702,18 +702,17 @@ def _fast_directions_static(opt: Symo, names, grads, bufs, betas, nesterovs) -> 
 def _square_transposed_blocks(comp: CompiledSpec) -> set[str]:
     """Blocks whose Y is the transpose of one square 2-D parameter (batch 1), found by gathering a
     probe: Newton-Schulz then iterates on the parameter's own orientation, as Muon does."""
-    out = set()
-    for b in comp.blocks:
-        if b.batch != 1 or len(b.params) != 1 or b.mult != b.width:
-            continue
-        (name,) = b.params
-        if comp.shapes[name] != (b.mult, b.width):
-            continue
-        probe = {n: torch.zeros(s, dtype=torch.float64) for n, s in comp.shapes.items()}
-        probe[name] = torch.arange(b.mult * b.width, dtype=torch.float64).reshape(b.mult, b.width)
-        if torch.equal(comp.gather(probe)[b.id][0], probe[name].T):
-            out.add(b.id)
-    return out
+    candidates = {b.id: b.params[0] for b in comp.blocks
+                  if b.batch == 1 and len(b.params) == 1 and b.mult == b.width
+                  and comp.shapes[b.params[0]] == (b.mult, b.width)}
+    if not candidates:
+        return set()
+    # one probe for all candidates: each holds its own parameter, so its block sees only that one
+    probe = {n: torch.zeros(s, dtype=torch.float64) for n, s in comp.shapes.items()}
+    for name in candidates.values():
+        probe[name] = torch.arange(probe[name].numel(), dtype=torch.float64).reshape(probe[name].shape)
+    ys = comp.gather(probe)
+    return {bid for bid, name in candidates.items() if torch.equal(ys[bid][0], probe[name].T)}
 
 
 def _stack_blocks(cfg: SymoConfig, device: torch.device) -> bool:
