@@ -9,10 +9,13 @@
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
 import types
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +75,33 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+
+# Modules that moved when symo/ was split into rooms (docs/architecture.md): the old import path keeps
+# working for one release and warns. Each entry is "old module" -> "new module"; the README lists them.
+_MOVED: dict[str, str] = {}
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Resolves a moved module's old name to the module at its new place (the same module object, so
+    `symo.models.GPT is symo.train.models.GPT`), with a DeprecationWarning naming the new place."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        new = _MOVED[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}; import it from there (the old name goes away in the next "
+                      f"release)", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass  # the module at its new place is already executed
+
+
+if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModuleFinder())
 
 
 def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | None = None,
