@@ -322,7 +322,7 @@ def main() -> None:
         return g @ ((evecs * evals.clamp_min(1e-30).rsqrt()) @ evecs.T)
 
     # accuracy of both against the float64 polar factor U V^T: a float32 Gram loses the smallest singular
-    # directions; Symo forms undamped Grams of float32 data in float64 (symo/linalg.py)
+    # directions; Symo forms undamped Grams of float32 data in float64 (symo/runtime/linalg.py)
     u, _, vh = torch.linalg.svd(g.double())
     polar = u @ vh
     err_symo = ((symo_path() / n ** 0.5).double() - polar).norm() / polar.norm()

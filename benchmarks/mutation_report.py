@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FILES = ["symo/optim.py", "symo/linalg.py"]
+FILES = ["symo/optim.py", "symo/runtime/linalg.py"]
 KILLED = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout"}
 COMMAND = "bash scripts/mutation.sh   # then: bash scripts/mutation.sh --rerun-survivors"
 SAMPLED_COMMAND = "bash scripts/mutation.sh --sample {n}   # then: bash scripts/mutation.sh --rerun-survivors"
@@ -83,7 +83,7 @@ def main() -> None:
     tests = ", ".join(mm["pytest_add_cli_args_test_selection"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mutation.json").write_text(json.dumps(summary, indent=2) + "\n")
-    md += ["# Mutation testing: symo/optim.py and symo/linalg.py", "",
+    md += ["# Mutation testing: symo/optim.py and symo/runtime/linalg.py", "",
            "Command: `" + (COMMAND if sample is None else SAMPLED_COMMAND.format(n=len(sample) // len(FILES)))
            + f"` (mutmut 3, configuration in pyproject.toml `[tool.mutmut]`; the tests in {tests}; torch.compile "
            "tests left out). A timeout counts as killed. Survivors are listed with the reason each is equivalent "

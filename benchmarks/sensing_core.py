@@ -201,7 +201,7 @@ def _batched_direction(rule: str, st: dict, gs: list[torch.Tensor], t: int, p: f
             out.append(st["Li"][i] @ g @ st["Ri"][i])
         return out
     if rule == "symo_p":  # Symo on specs/factored.toml: u = Nesterov(lerp momentum); (Y Y^T / k)^p Y
-        from symo.linalg import gram_power_apply
+        from symo.runtime.linalg import gram_power_apply
 
         ms = st.setdefault("m", [torch.zeros_like(g) for g in gs])
         us = []

@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def bf16_accuracy(device: torch.device, shape: tuple[int, int] = (384, 1536)) -> dict:
     """Muon's quintic Newton-Schulz in bfloat16 against float32 and the float64 polar factor."""
-    from symo.linalg import newton_schulz
+    from symo.runtime.linalg import newton_schulz
 
     g = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
     u, _, vh = torch.linalg.svd(g.double().cpu(), full_matrices=False)
@@ -294,7 +294,7 @@ def spectral_accuracy() -> dict[str, dict[str, float]]:
     The per-head MLP block's shape (769 x 1536, a float32 eigh above linalg.FLOAT64_EIGH_MAX) and a
     Muon-style one (384 x 1536, float64 Gram), each as a Gaussian and as a rank-64 matrix whose
     singular values span 6 decades (where an eigendecomposition is least accurate)."""
-    from symo.linalg import newton_schulz, newton_schulz_spectral
+    from symo.runtime.linalg import newton_schulz, newton_schulz_spectral
 
     gen = torch.Generator().manual_seed(0)
     out = {}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of symo/optim.py and symo/linalg.py with mutmut 3 (configured in pyproject.toml,
+# Mutation testing of symo/optim.py and symo/runtime/linalg.py with mutmut 3 (configured in pyproject.toml,
 # [tool.mutmut]). Not part of CI: about an hour on 2 cores.
 #
 #   bash scripts/mutation.sh                     # test every mutant not yet judged (resumable)
@@ -37,7 +37,7 @@ case "$MODE" in
     "$PY" - "${2:?--sample needs a count}" > sample.txt <<'PYEOF'
 import json, random, sys
 n = int(sys.argv[1])
-for f in ("symo/optim.py", "symo/linalg.py"):
+for f in ("symo/optim.py", "symo/runtime/linalg.py"):
     names = sorted(json.load(open(f"mutants/{f}.meta"))["exit_code_by_key"])
     print("\n".join(sorted(random.Random(13).sample(names, min(n, len(names))))))
 PYEOF
@@ -45,7 +45,7 @@ PYEOF
     "$PY" - > sample_todo.txt <<'PYEOF'
 import json
 sample = set(open("sample.txt").read().split())
-for f in ("symo/optim.py", "symo/linalg.py"):
+for f in ("symo/optim.py", "symo/runtime/linalg.py"):
     for name, code in json.load(open(f"mutants/{f}.meta"))["exit_code_by_key"].items():
         if name in sample and code not in (0, 1, 3):
             print(name)

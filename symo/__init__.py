@@ -12,28 +12,26 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import os
 import sys
 import types
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .compiled import CompiledSpec
     from .compiler import Spec
+    from .runtime.compiled import compile
 
 __version__ = "0.1.0"
 # Everything is imported on first use (PEP 562): `import symo` and `symo --help` do not pay for torch,
 # sympy and networkx until a name that needs them is touched.
 _LAZY = {
-    "BlockInfo": ".compiled", "CompiledSpec": ".compiled", "NonFiniteGradientError": ".compiled",
-    "NonFiniteUpdateError": ".compiled", "PRESETS": ".presets",
+    "BlockInfo": ".runtime.compiled", "CompiledSpec": ".runtime.compiled",
+    "NonFiniteGradientError": ".runtime.compiled", "NonFiniteUpdateError": ".runtime.compiled", "PRESETS": ".presets",
     "Spec": ".compiler", "SpecError": ".compiler", "compile_spec": ".compiler", "load_spec": ".compiler",
-    "parse_spec": ".compiler", "Curvature": ".curvature", "SymmetryReport": ".equivariance",
-    "check_symmetry": ".equivariance", "EquivarianceReport": ".gauge", "check_equivariance": ".gauge",
+    "parse_spec": ".compiler", "Curvature": ".runtime.curvature", "SymmetryReport": ".runtime.symmetry",
+    "check_symmetry": ".runtime.symmetry", "EquivarianceReport": ".gauge", "check_equivariance": ".gauge",
     "Inference": ".infer", "check_spec": ".infer", "infer_spec": ".infer",
-    "Symo": ".optim", "SymoConfig": ".optim",
+    "Symo": ".optim", "SymoConfig": ".optim", "compile": ".runtime.compiled",
 }
 _SUBMODULES = ("models", "zoo", "hessian", "laplace")
 __all__ = [
@@ -78,7 +76,10 @@ sys.modules[__name__].__class__ = _Package
 
 # Modules that moved when symo/ was split into rooms (docs/architecture.md): the old import path keeps
 # working for one release and warns. Each entry is "old module" -> "new module"; the README lists them.
-_MOVED: dict[str, str] = {}
+_MOVED: dict[str, str] = {
+    "symo.compiled": "symo.runtime.compiled", "symo.curvature": "symo.runtime.curvature",
+    "symo.linalg": "symo.runtime.linalg", "symo.equivariance": "symo.runtime.symmetry",
+}
 
 
 class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -102,32 +103,3 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
     sys.meta_path.append(_MovedModuleFinder())
-
-
-def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | None = None,
-            cache_dir: str | Path | None = None, disk_cache: bool = True, strict: bool = True) -> CompiledSpec:
-    """Compile a spec (a `Spec`, or a path to a spec file) for `shapes` ({name: shape} or an nn.Module).
-
-    `sizes` supplies space sizes the shapes cannot decide, e.g. {"head{i}": 4} for n_head.
-    `strict=False` compiles the spec for a subset of the parameters it was written for (fine-tuning
-    part of a model): rules that match no parameter are dropped, with the spaces and blocks that
-    then have none; with `strict=True` such a rule is a SpecError.
-    The generated code is cached in memory and on disk (see README, "Kernel cache"); a second call
-    with the same spec and shapes costs a parse and a hash.
-    """
-    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-        raise TypeError(f"compile: cache_dir must be a path, got {type(cache_dir).__name__}")
-    if not isinstance(disk_cache, bool):
-        raise TypeError(f"compile: disk_cache must be True or False, got {disk_cache!r}")
-    from .compiled import CompiledSpec
-    from .compiler import Spec, compile_spec, load_spec
-
-    if isinstance(spec, (str, os.PathLike)):
-        spec = load_spec(spec)
-    elif not isinstance(spec, Spec):
-        raise TypeError(f"compile: spec must be a Spec, a path or a bundled spec name (e.g. 'gpt_muon'), "
-                        f"got {type(spec).__name__}")
-    if not isinstance(strict, bool):
-        raise TypeError(f"compile: strict must be True or False, got {strict!r}")
-    return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache,
-                                     strict=strict))

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from .linalg import sym_power
+from .runtime.linalg import sym_power
 
 Tensors = Mapping[str, torch.Tensor]
 

@@ -176,7 +176,7 @@ def _spec_error() -> type[Exception] | tuple[()]:
 def _compile_command(args: argparse.Namespace) -> int:
     import symo
 
-    from .compiled import fit_lines
+    from .runtime.compiled import fit_lines
 
     if args.optimizer and not args.model:  # before any output: a usage error prints nothing else
         print("error: --optimizer needs --model (the optimizer needs parameters)", file=sys.stderr)

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .compiled import CompiledSpec
 from .compiler import Spec
+from .runtime.compiled import CompiledSpec
 
 OptimizerFactory = Callable[[list[tuple[str, torch.Tensor]]], torch.optim.Optimizer]
 
@@ -177,8 +177,8 @@ def _divergence(compiled: CompiledSpec, element, base: _Twin, twin: _Twin, names
 def _compile(spec, shapes, sizes) -> CompiledSpec:
     if isinstance(spec, CompiledSpec):
         return spec
-    from . import compile as symo_compile  # late: symo/__init__ imports this module
-    from . import load_spec
+    from .compiler import load_spec
+    from .runtime.compiled import compile as symo_compile
 
     if isinstance(spec, (str, Path)):
         spec = load_spec(spec)

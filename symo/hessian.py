@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from .baselines import KFAC, Diagonal, Identity, Shampoo
-from .curvature import Curvature
-from .linalg import geometric_mean, sym_power
+from .runtime.curvature import Curvature
+from .runtime.linalg import geometric_mean, sym_power
 
 Tensors = Mapping[str, torch.Tensor]
 LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]

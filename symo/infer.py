@@ -87,7 +87,7 @@ class Inference:
         for op, params in self.unknown_ops:
             lines.append(f"unsupported operation {op!r}: axes it touches are left free; parameters: {_short(params)}")
         if self.uncovered:
-            from .compiled import summarize_names
+            from .runtime.compiled import summarize_names
             lines.append("uncovered: " + summarize_names(self.uncovered))
         lines.extend(f"note: {n}" for n in self.notes)
         lines.append("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
@@ -95,7 +95,7 @@ class Inference:
 
 
 def _short(names: list[str]) -> str:
-    from .compiled import summarize_names
+    from .runtime.compiled import summarize_names
     return summarize_names(names) if names else "(none)"
 
 

@@ -40,9 +40,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .compiled import CompiledSpec
 from .compiler import Spec
-from .curvature import Curvature
 from .laplace_fit import (
     LIKELIHOODS,
     CurvatureAccumulator,
@@ -56,6 +54,8 @@ from .laplace_fit import (
     resolve_subset,
 )
 from .laplace_predict import jacobians, linearized_outputs, nn_outputs, probit
+from .runtime.compiled import CompiledSpec
+from .runtime.curvature import Curvature
 
 PRED_TYPES = ("glm", "nn")
 LINK_APPROX = ("probit", "mc")

@@ -33,8 +33,8 @@ from collections.abc import Mapping
 import torch
 from torch.func import functional_call, vjp, vmap
 
-from .compiled import CompiledSpec
 from .compiler import Spec, load_spec
+from .runtime.compiled import CompiledSpec
 
 ESTIMATORS = ("ggn", "ggn_exact", "ggn_mc", "ef")
 LIKELIHOODS = ("classification", "regression")
@@ -168,8 +168,8 @@ def compile_for_subset(spec: Spec | str | os.PathLike | CompiledSpec | None, nam
     spec's own rules), then with every rule optional for the subset: the group restricted to those
     parameters, whose orbit average is the subset's block of the whole orbit average (the group acts
     on each parameter separately)."""
-    from . import SpecError
-    from . import compile as compile_spec
+    from .compiler import SpecError
+    from .runtime.compiled import compile as compile_spec
 
     if spec is None:
         return None

@@ -25,9 +25,11 @@ from typing import Any, Literal
 
 import torch
 
-from .compiled import CompiledSpec, NonFiniteUpdateError, check_finite_tensors, fit_lines, summarize_names
 from .compiler import Spec
-from .linalg import (
+from .optim_checks import _adamw_checks, _check_group_options, _check_state_dict, _check_types
+from .presets import get_preset
+from .runtime.compiled import CompiledSpec, NonFiniteUpdateError, check_finite_tensors, fit_lines, summarize_names
+from .runtime.linalg import (
     FLOAT64_EIGH_MAX,
     MUON_COEFFS,
     geometric_mean,
@@ -41,8 +43,6 @@ from .linalg import (
     spectral_ns_is_cheaper,
     sym_power,
 )
-from .optim_checks import _adamw_checks, _check_group_options, _check_state_dict, _check_types
-from .presets import get_preset
 
 SpecLike = str | Path | Spec | CompiledSpec
 NamedParams = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | Iterable[dict[str, Any]]
@@ -788,7 +788,7 @@ def _compile(spec: SpecLike, shapes: dict[str, tuple[int, ...]], sizes: dict[str
         if bad:
             raise ValueError(f"the CompiledSpec was compiled for other shapes: {bad} (compiled, given)")
         return spec
-    from . import compile as symo_compile  # late: symo/__init__ imports this module
+    from .runtime.compiled import compile as symo_compile
 
     return symo_compile(spec, shapes, sizes=sizes, strict=strict)
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .compiled import CompiledSpec
 from .compiler import Spec
+from .runtime.compiled import CompiledSpec
 
 if TYPE_CHECKING:
     from .optim import Symo, SymoConfig

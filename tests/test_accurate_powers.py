@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import symo
-from symo.linalg import gram_power_apply, root_power
+from symo.runtime.linalg import gram_power_apply, root_power
 
 MUON = '[spaces]\nr = { group = "signed_perm" }\n[params]\n"w" = ["r", "_"]\n'
 

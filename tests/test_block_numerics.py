@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from symo import NonFiniteUpdateError, Symo
-from symo.linalg import ns_inverse_root_min_damping
+from symo.runtime.linalg import ns_inverse_root_min_damping
 
 MUON = Path(__file__).resolve().parent.parent / "specs" / "muon.toml"
 SIZES = (4, 140, 260)                 # below and above the auto rule's eigh_max_size (128)

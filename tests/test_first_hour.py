@@ -230,7 +230,8 @@ def test_lazy_package_attributes() -> None:
     import importlib
 
     importlib.import_module("symo.infer")  # binds the submodule on the package; symo.infer stays the function
-    from symo import compiled, optim
+    from symo import optim
+    from symo.runtime import compiled
 
     assert symo.infer is sys.modules["symo.infer"].infer
     assert symo.Symo is optim.Symo and symo.CompiledSpec is compiled.CompiledSpec

@@ -1,4 +1,4 @@
-"""`symo.linalg` against dense float64 references written here from their definitions.
+"""`symo.runtime.linalg` against dense float64 references written here from their definitions.
 
 Every function is run on a batch of blocks of very different scales (one rank-deficient), because the
 conventions are per block: a relative damping against a batch-wide lambda_max, or one norm for the whole
@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from symo import linalg
-from symo.linalg import (
+from symo.runtime import linalg
+from symo.runtime.linalg import (
     MUON_COEFFS,
     geometric_mean,
     gram_power_apply,

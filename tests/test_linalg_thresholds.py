@@ -1,4 +1,4 @@
-"""`symo.linalg` at the edges its docstrings state: the zero thresholds exactly, any number of batch axes,
+"""`symo.runtime.linalg` at the edges its docstrings state: the zero thresholds exactly, any number of batch axes,
 per-block lambda_max in a batch, the defaults, and `float64_max` honoured by every decomposition.
 
 The threshold tests use float data whose Gram is exactly diagonal (F has one nonzero per column), so the
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.linalg import (
+from symo.runtime.linalg import (
     geometric_mean,
     gram_power_apply,
     inv_sqrt_newton_schulz,
@@ -182,7 +182,7 @@ def test_gram_power_apply_float64_gram_up_to_accurate_gram_max(monkeypatch):
     float32 Y with singular values (1, 1, 3e-4) keeps the 3e-4 direction (its eigenvalue 9e-8 is far above
     8 m eps32^2); with a fourth column the smaller side is 4 and the float32 Gram's rule,
     8 sqrt(4) eps32 = 1.9e-6 > 9e-8, makes it a zero (docs of ACCURATE_GRAM_MAX)."""
-    from symo import linalg
+    from symo.runtime import linalg
 
     monkeypatch.setattr(linalg, "ACCURATE_GRAM_MAX", 3)
     kept = gram_power_apply(diagonal_root(6, [1.0, 1.0, 3e-4], F32).unsqueeze(0), -0.5, 1)[0]

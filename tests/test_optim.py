@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.compiled import NonFiniteGradientError
-from symo.linalg import geometric_mean, inv_sqrt_newton_schulz, sym_power
 from symo.models import MLP, Factored
 from symo.optim import Symo, SymoConfig, _fast_directions_static
+from symo.runtime.compiled import NonFiniteGradientError
+from symo.runtime.linalg import geometric_mean, inv_sqrt_newton_schulz, sym_power
 
 sys.path.insert(0, str(Path(__file__).parent))
 from references import ReferenceMuon, ReferenceShampoo  # noqa: E402
@@ -407,7 +407,7 @@ def test_non_finite_check_finds_one_bad_entry_anywhere(dtype):
     """The check first reduces each tensor to its sum, which must carry a single NaN or inf from any
     position (vectorised loops, tails, strided views); empty tensors are skipped, and a finite tensor
     whose sum overflows is not reported."""
-    from symo.compiled import check_finite_tensors
+    from symo.runtime.compiled import check_finite_tensors
 
     gen = torch.Generator().manual_seed(0)
     big = torch.randn(1031, 517, generator=gen).to(dtype)

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.linalg import (
+from symo.models import GPT, MLP, GPTConfig
+from symo.optim import Symo
+from symo.runtime.linalg import (
     FLOAT64_EIGH_MAX,
     MUON_COEFFS,
     SPECTRAL_NS_ASPECT,
@@ -24,8 +26,6 @@ from symo.linalg import (
     newton_schulz_spectral,
     spectral_ns_is_cheaper,
 )
-from symo.models import GPT, MLP, GPTConfig
-from symo.optim import Symo
 
 sys.path.insert(0, str(Path(__file__).parent))
 from references import ReferenceMuon  # noqa: E402

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .compiler import GeneratedModule
+from ..compiler import GeneratedModule, Spec, compile_spec, load_spec
 from .curvature import Curvature
 
 Tensors = Mapping[str, torch.Tensor]
@@ -310,3 +312,29 @@ def _act_per(x: torch.Tensor, q: torch.Tensor, k: int, j: int) -> torch.Tensor:
     shape = x.shape
     y = torch.bmm(q, x.reshape(shape[0], shape[1], -1)).reshape(shape)
     return torch.movedim(y, (0, 1), (j, k))
+
+
+def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | None = None,
+            cache_dir: str | Path | None = None, disk_cache: bool = True, strict: bool = True) -> CompiledSpec:
+    """Compile a spec (a `Spec`, or a path to a spec file) for `shapes` ({name: shape} or an nn.Module).
+
+    `sizes` supplies space sizes the shapes cannot decide, e.g. {"head{i}": 4} for n_head.
+    `strict=False` compiles the spec for a subset of the parameters it was written for (fine-tuning
+    part of a model): rules that match no parameter are dropped, with the spaces and blocks that
+    then have none; with `strict=True` such a rule is a SpecError.
+    The generated code is cached in memory and on disk (see README, "Kernel cache"); a second call
+    with the same spec and shapes costs a parse and a hash.
+    """
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise TypeError(f"compile: cache_dir must be a path, got {type(cache_dir).__name__}")
+    if not isinstance(disk_cache, bool):
+        raise TypeError(f"compile: disk_cache must be True or False, got {disk_cache!r}")
+    if isinstance(spec, (str, os.PathLike)):
+        spec = load_spec(spec)
+    elif not isinstance(spec, Spec):
+        raise TypeError(f"compile: spec must be a Spec, a path or a bundled spec name (e.g. 'gpt_muon'), "
+                        f"got {type(spec).__name__}")
+    if not isinstance(strict, bool):
+        raise TypeError(f"compile: strict must be True or False, got {strict!r}")
+    return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache,
+                                     strict=strict))
