@@ -33,7 +33,8 @@ _LAZY = {
     "Inference": ".infer", "check_spec": ".infer", "infer_spec": ".infer",
     "Symo": ".optim", "SymoConfig": ".optim", "compile": ".runtime.compiled",
 }
-_SUBMODULES = ("models", "zoo", "hessian", "laplace")
+# public submodules by attribute: name -> module (symo.models is the training room's models)
+_SUBMODULES = {"models": ".train.models", "zoo": ".zoo", "hessian": ".hessian", "laplace": ".laplace"}
 __all__ = [
     "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "NonFiniteUpdateError", "Spec", "SpecError",
     "PRESETS", "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
@@ -45,8 +46,10 @@ __all__ += ["Inference", "check_spec", "infer", "infer_spec"]
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    elif name in _SUBMODULES or (not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}")):
-        value = importlib.import_module(f".{name}", __name__)  # symo.models, symo.compiler, ...
+    elif name in _SUBMODULES:
+        value = importlib.import_module(_SUBMODULES[name], __name__)  # symo.models, symo.zoo, ...
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+        value = importlib.import_module(f".{name}", __name__)  # symo.compiler, symo.train, ...
     else:
         raise AttributeError(f"module 'symo' has no attribute {name!r}")
     globals()[name] = value  # the next access is a plain lookup
@@ -79,6 +82,11 @@ sys.modules[__name__].__class__ = _Package
 _MOVED: dict[str, str] = {
     "symo.compiled": "symo.runtime.compiled", "symo.curvature": "symo.runtime.curvature",
     "symo.linalg": "symo.runtime.linalg", "symo.equivariance": "symo.runtime.symmetry",
+    # room 4, the training application (symo.train was a module; it is now the package, same names)
+    "symo.train_config": "symo.train.config", "symo.data": "symo.train.data",
+    "symo.data_mnist": "symo.train.data_mnist", "symo.checkpoint": "symo.train.checkpoint",
+    "symo.runlog": "symo.train.runlog", "symo.progress": "symo.train.progress", "symo.models": "symo.train.models",
+    "symo.models_resnet": "symo.train.models_resnet", "symo.rnn": "symo.train.rnn", "symo.muon": "symo.train.muon",
 }
 
 

@@ -47,7 +47,7 @@ def _load_factory(text: str):
     label = _short(text, 300)  # for the messages
     module, _, attr = text.partition(":")
     if not attr:
-        raise CommandError(f"--model expects module:factory (e.g. symo.models:gpt_small), got {label!r}", 2)
+        raise CommandError(f"--model expects module:factory (e.g. symo.train.models:gpt_small), got {label!r}", 2)
     try:
         factory = getattr(_import(module), attr)
     except (ImportError, AttributeError) as exc:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compile", help="compile a spec and print its structure")
     c.add_argument("spec", help="path to a .toml spec file, or the name of a bundled spec (e.g. gpt_muon)")
     src = c.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="module:factory returning an nn.Module, e.g. symo.models:gpt_small")
+    src.add_argument("--model", help="module:factory returning an nn.Module, e.g. symo.train.models:gpt_small")
     src.add_argument("--shapes", help="name=16x8,other=16 or a JSON file {name: shape}")
     c.add_argument("--size", action="append", default=[], help="space size the shapes leave open, e.g. head{i}=4")
     c.add_argument("--no-disk-cache", action="store_true", help="compile in memory only")
@@ -240,7 +240,7 @@ def _warn_relaxed(spec, model, args: argparse.Namespace, sizes: dict[str, int] |
 def _add_params_command(sub) -> None:
     p = sub.add_parser("params", help="list a model's parameter names and shapes (what a spec's [params] matches)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="module:factory returning an nn.Module, e.g. symo.models:gpt_small")
+    src.add_argument("--model", help="module:factory returning an nn.Module, e.g. symo.train.models:gpt_small")
     src.add_argument("--shapes", help="name=16x8,other=16 or a JSON file {name: shape}")
     p.set_defaults(run=_params_command)
 

@@ -13,7 +13,7 @@ from .cli import _describe
 
 def add_train_parser(sub) -> None:
     """`symo train`: every TrainConfig field as a --flag (symo/train.py)."""
-    from .train_config import DEFAULT_LR, OPTIMIZERS, TrainConfig
+    from .train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig
 
     t = sub.add_parser("train", help="train a small GPT on Shakespeare (or --data FILE) with Symo, Muon or AdamW",
                        description="Train a nanoGPT-shaped character model. Under torchrun it runs with DDP.")
@@ -67,10 +67,10 @@ def add_train_parser(sub) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from .checkpoint import CheckpointError
     from .compiler import SpecError
-    from .data import DataError
     from .train import TrainConfig, saved_options, train
+    from .train.checkpoint import CheckpointError
+    from .train.data import DataError
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     try:

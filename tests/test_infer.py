@@ -22,8 +22,8 @@ from torch.nn import functional as F
 import symo
 from symo.infer import check_spec, infer, infer_spec
 from symo.infer_verify import act, element_matrices, sample_element
-from symo.models import GPT, MLP, GPTConfig
-from symo.models_resnet import resnet_tiny
+from symo.train.models import GPT, MLP, GPTConfig
+from symo.train.models_resnet import resnet_tiny
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -252,7 +252,7 @@ def test_resnet_torchvision_layout():
 
 def test_torchvision_resnet18_same_names_and_inference():
     tv = pytest.importorskip("torchvision")
-    ours = symo.models_resnet.resnet18()
+    ours = symo.train.models_resnet.resnet18()
     theirs = tv.models.resnet18(weights=None)
     assert [(n, tuple(p.shape)) for n, p in ours.named_parameters()] == \
         [(n, tuple(p.shape)) for n, p in theirs.named_parameters()]
@@ -488,13 +488,13 @@ def test_cli_infer_writes_a_spec_and_check_reads_it(tmp_path, capsys):
     from symo.cli import main
 
     out = tmp_path / "mlp.toml"
-    assert main(["infer", "--model", "symo.models:mlp_relu", "-o", str(out)]) == 0
+    assert main(["infer", "--model", "symo.train.models:mlp_relu", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "isotypic blocks" in text and "true" in text
     assert load_spec(out).spaces[0].group == "perm"
-    assert main(["check", str(out), "--model", "symo.models:mlp_relu"]) == 0
+    assert main(["check", str(out), "--model", "symo.train.models:mlp_relu"]) == 0
     assert "2 true, 0 relaxed" in capsys.readouterr().out
-    assert main(["check", "mlp_tanh", "--model", "symo.models:mlp_relu"]) == 0
+    assert main(["check", "mlp_tanh", "--model", "symo.train.models:mlp_relu"]) == 0
     assert "0 true, 2 relaxed" in capsys.readouterr().out
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.models import MLP, Factored
 from symo.optim import Symo, SymoConfig, _fast_directions_static
 from symo.runtime.compiled import NonFiniteGradientError
 from symo.runtime.linalg import geometric_mean, inv_sqrt_newton_schulz, sym_power
+from symo.train.models import MLP, Factored
 
 sys.path.insert(0, str(Path(__file__).parent))
 from references import ReferenceMuon, ReferenceShampoo  # noqa: E402

@@ -12,10 +12,10 @@ import torch
 import torch.multiprocessing as mp
 
 from symo import cli
-from symo.checkpoint import CheckpointError, load_checkpoint
-from symo.data import DataError, load_corpus, markdown_play_to_text
-from symo.models import GPT, GPTConfig
 from symo.train import TrainConfig, lr_factor, train
+from symo.train.checkpoint import CheckpointError, load_checkpoint
+from symo.train.data import DataError, load_corpus, markdown_play_to_text
+from symo.train.models import GPT, GPTConfig
 
 
 def make_text(path: Path) -> Path:

@@ -23,11 +23,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..compiler import load_spec
+from ..optim import Symo
+from ..runtime.compiled import compile
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
 from .data import Corpus, _mix, load_corpus
 from .models import GPT, GPTConfig
+from .muon import Muon
+from .progress import progress
 from .runlog import write_csv, write_plot
-from .train_config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
 
 __all__ = ["DEFAULT_LR", "OPTIMIZERS", "RESUME_KEYS", "TrainConfig", "build_optimizer", "lr_factor", "saved_options",
            "train"]
@@ -45,20 +50,16 @@ def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW([p for _, p in named], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     if cfg.optimizer == "muon":
-        from .muon import Muon
-
         return Muon(named, lr=cfg.lr, weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr)
-    import symo
-
-    spec = symo.load_spec(cfg.spec)
+    spec = load_spec(cfg.spec)
     d_head = cfg.n_embd // cfg.n_head
     sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
-    compiled = symo.compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
+    compiled = compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
     if cfg.preset is not None:  # the preset's options; --ns-method overrides only when set
         extra = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
-        return symo.Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
+        return Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
                          adamw_lr=cfg.adamw_lr, **extra)
-    return symo.Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
+    return Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
                      adamw_lr=cfg.adamw_lr, ns_method=cfg.ns_method)
 
 
@@ -205,8 +206,6 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
               f"{corpus.name} ({len(corpus.ids):,} chars, vocabulary {corpus.vocab_size}), batch {cfg.batch_size}x"
               f"{cfg.block_size}, {world} process(es) on {cfg.device}\nrun folder: {run_dir}"
               + (f" (resumed at step {start} of {cfg.steps})" if blob is not None else ""), flush=True)
-    from .progress import progress
-
     # --no-progress silences the bar only; on a log file or pipe the bar is plain periodic lines
     bar = progress(total=cfg.steps, initial=start, disable=not (lead and cfg.progress), unit="step",
                    dynamic_ncols=True)

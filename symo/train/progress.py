@@ -2,7 +2,7 @@
 elsewhere (a log file, a pipe, CI), so that a redirected run's log is readable text instead of one
 long line of carriage returns.
 
-    from symo.progress import progress
+    from symo.train.progress import progress
     for x in progress(items, desc="runs"): ...
     bar = progress(total=500, unit="step"); bar.update(1); bar.set_postfix_str("loss 1.8"); bar.close()
 """
