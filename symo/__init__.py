@@ -87,6 +87,8 @@ _MOVED: dict[str, str] = {
     "symo.data_mnist": "symo.train.data_mnist", "symo.checkpoint": "symo.train.checkpoint",
     "symo.runlog": "symo.train.runlog", "symo.progress": "symo.train.progress", "symo.models": "symo.train.models",
     "symo.models_resnet": "symo.train.models_resnet", "symo.rnn": "symo.train.rnn", "symo.muon": "symo.train.muon",
+    # room 5, the command line (symo.cli was a module; it is now the package, with main)
+    "symo.cli_train": "symo.cli.train", "symo.cli_equivariance": "symo.cli.equivariance",
 }
 
 

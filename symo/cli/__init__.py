@@ -8,113 +8,30 @@ and against Shampoo, the uncovered parameters, and where the generated code live
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import math
 import os
 import sys
 from pathlib import Path
 
-# Only the standard library at import time: `symo --help` must not pay for torch, sympy or networkx.
-# Each command imports what it needs.
+from .. import __version__
+from .common import CommandError, _describe, _load_factory, _parse_shapes, _parse_sizes, _spec_error
+from .equivariance import add_equivariance_parser
+from .train import add_train_parser
 
+# Only light modules at import time: `symo --help` must not pay for torch, sympy or networkx. Each
+# command imports those when it runs (the imports inside the command functions below).
 
-class CommandError(Exception):
-    """A user error on the command line: main() prints `error: <message>` (no traceback) and returns
-    `status`: 2 for input refused as given (a bad spec, a bad option value, a usage error, as argparse's),
-    1 for something that failed while running (a model that does not import or build, an unreadable file)."""
-
-    def __init__(self, message: str, status: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _import(module: str):
-    """Import `module` as `python -m` does: the current folder comes first on sys.path, so
-    `--model mymodels:factory` finds ./mymodels.py (the `symo` console script alone would not)."""
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-        importlib.invalidate_caches()
-    return importlib.import_module(module)
-
-
-def _short(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _load_factory(text: str):
-    label = _short(text, 300)  # for the messages
-    module, _, attr = text.partition(":")
-    if not attr:
-        raise CommandError(f"--model expects module:factory (e.g. symo.train.models:gpt_small), got {label!r}", 2)
-    try:
-        factory = getattr(_import(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise CommandError(f"--model {label!r}: {_short(str(exc), 300)}") from None
-    except Exception as exc:  # the module itself failed (empty name, a syntax error, an error at import)
-        raise CommandError(f"--model {label!r}: importing {module!r} raised {type(exc).__name__}: {exc}") from None
-    if not callable(factory):
-        raise CommandError(f"--model {label!r}: {attr} is not callable (give a function or class returning an "
-                           "nn.Module)")
-    try:
-        model = factory()
-    except Exception as exc:  # the user's factory: report it, without a traceback
-        raise CommandError(f"--model {label!r}: the factory raised {type(exc).__name__}: {exc}") from None
-    if not callable(getattr(model, "named_parameters", None)):
-        raise CommandError(f"--model {label!r}: the factory returned {type(model).__name__}, not an nn.Module")
-    return model
-
-
-def _parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
-    """`name=16x8,other=16` or a path to a JSON file {name: [16, 8]}."""
-    try:
-        is_file = Path(text).is_file()
-    except (OSError, ValueError):  # a name too long for the file system: not a file, so read it as name=shape
-        is_file = False
-    if is_file:
-        try:
-            data = json.loads(Path(text).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CommandError(f"--shapes {_short(text)}: cannot read a JSON object {{name: [dims]}} ({exc})") from None
-        if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
-            raise CommandError(f"--shapes {_short(text)}: expected a JSON object {{name: [dims]}}, "
-                             'e.g. {"fc1.weight": [16, 8]}')
-        return {k: tuple(v) for k, v in data.items()}
-    shapes = {}
-    for item in filter(None, text.split(",")):
-        name, sep, dims = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            shapes[name.strip()] = tuple(int(d) for d in dims.lower().split("x"))
-        except ValueError:
-            raise CommandError(f"--shapes: cannot read {_short(item)!r}; write name=16x8,other=16 or a JSON file",
-                               2) from None
-    return shapes
-
-
-def _parse_sizes(items: list[str]) -> dict[str, int]:
-    sizes = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        if not (value.isascii() and value.isdigit()):  # "1²".isdigit() is True, int("1²") fails
-            raise CommandError(f"--size expects space=N (e.g. head{{i}}=4), got {_short(item)!r}", 2)
-        sizes[name] = int(value)
-    return sizes
+__all__ = ["CommandError", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __version__
-
+    """Run `symo ARGV` (default: sys.argv[1:]); returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="symo", description="Symo: symmetry-structured curvature for PyTorch. List a model's parameters "
         "(params), write a spec or let infer write one, compile it and check it against the model (compile, "
         "check), then train with it (train). Each command has its own --help.")
     parser.add_argument("--version", action="version", version=f"symo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from .cli_train import add_train_parser
-
     add_train_parser(sub)
     c = sub.add_parser("compile", help="compile a spec and print its structure")
     c.add_argument("spec", help="path to a .toml spec file, or the name of a bundled spec (e.g. gpt_muon)")
@@ -136,8 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     _add_params_command(sub)
     _add_check_parser(sub)
     _add_infer_parser(sub)
-    from .cli_equivariance import add_equivariance_parser
-
     add_equivariance_parser(sub)
     args = parser.parse_args(argv)
     try:
@@ -158,38 +73,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _describe(exc: BaseException, limit: int = 1000) -> str:
-    """An unexpected error in one line of bounded length: an OSError by its reason and (shortened) file."""
-    if isinstance(exc, OSError) and exc.filename is not None:
-        name = str(exc.filename)
-        return f"{exc.strerror or type(exc).__name__}: {name if len(name) <= 120 else name[:117] + '...'}"
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _spec_error() -> type[Exception] | tuple[()]:
-    """symo.SpecError if the compiler was imported (a SpecError can only come from it), else nothing to catch."""
-    errors = sys.modules.get("symo.compiler.errors")
-    return errors.SpecError if errors is not None else ()
-
-
 def _compile_command(args: argparse.Namespace) -> int:
-    import symo
-
-    from .runtime.compiled import fit_lines
+    # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
+    from ..compiler import load_spec
+    from ..optim import Symo
+    from ..runtime.compiled import compile, fit_lines
 
     if args.optimizer and not args.model:  # before any output: a usage error prints nothing else
         print("error: --optimizer needs --model (the optimizer needs parameters)", file=sys.stderr)
         return 2
     sizes = _parse_sizes(args.size) or None
     target = _load_factory(args.model) if args.model else _parse_shapes(args.shapes)
-    spec = symo.load_spec(args.spec)
-    compiled = symo.compile(spec, target, sizes=sizes, disk_cache=not args.no_disk_cache, strict=not args.partial)
+    spec = load_spec(args.spec)
+    compiled = compile(spec, target, sizes=sizes, disk_cache=not args.no_disk_cache, strict=not args.partial)
     print(compiled.describe())
     if args.source:
         print(compiled.source)
     if args.optimizer:
-        opt = symo.Symo(target.named_parameters(), compiled)
+        opt = Symo(target.named_parameters(), compiled)
         print()
         print(opt.describe())
         m = opt.memory_report()
@@ -209,7 +110,8 @@ def _compile_command(args: argparse.Namespace) -> int:
 def _warn_relaxed(spec, model, args: argparse.Namespace, sizes: dict[str, int] | None) -> None:
     """`symo compile --model`: the check of `symo check` (symo.check_spec); one warning per space that
     is not a true symmetry of the model, on stderr."""
-    from .infer import check_spec
+    # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
+    from ..infer import check_spec
 
     tolerance = 1e-9
     try:
@@ -246,7 +148,8 @@ def _add_params_command(sub) -> None:
 
 
 def _params_command(args: argparse.Namespace) -> int:
-    from .compiler import shapes_of
+    # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
+    from ..compiler import shapes_of
 
     shapes = shapes_of(_load_factory(args.model) if args.model else _parse_shapes(args.shapes))
     width = min(max([len(n) for n in shapes] + [4]), 80)
@@ -271,8 +174,9 @@ def _add_check_parser(sub) -> None:
 
 def _run_check(args) -> int:
     """`symo check SPEC --model m:f`: one line per space, true or relaxed, with the measured change."""
-    from .compiler import SpecError
-    from .infer import check_spec
+    # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
+    from ..compiler import SpecError
+    from ..infer import check_spec
 
     model = _load_factory(args.model)
     try:
@@ -307,9 +211,9 @@ def _add_infer_parser(sub) -> None:
 
 def _run_infer(args) -> int:
     """`symo infer --model m:f [-o spec.toml]`: the spec, the verification report and the compile report."""
-    import symo
-
-    from .infer import infer
+    # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
+    from ..infer import infer
+    from ..runtime.compiled import compile
 
     model = _load_factory(args.model)
     result = infer(model, heads=args.heads, relax=args.relax, verify=not args.no_verify, each=args.each)
@@ -326,7 +230,7 @@ def _run_infer(args) -> int:
         print()
         print(text)
     print()
-    print(symo.compile(result.spec, model).describe())
+    print(compile(result.spec, model).describe())
     return 0
 
 

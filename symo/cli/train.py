@@ -1,5 +1,5 @@
 """`symo train` on the command line: every TrainConfig field as a --flag, and `--resume RUN_DIR` with
-the options of the run's checkpoint (symo/train.py does the training)."""
+the options of the run's checkpoint (symo/train/loop.py does the training)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import dataclasses
 import math
 import sys
 
-from .cli import _describe
+from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig
+from .common import _describe
 
 
 def add_train_parser(sub) -> None:
-    """`symo train`: every TrainConfig field as a --flag (symo/train.py)."""
-    from .train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig
-
+    """`symo train`: every TrainConfig field as a --flag (symo/train/config.py)."""
     t = sub.add_parser("train", help="train a small GPT on Shakespeare (or --data FILE) with Symo, Muon or AdamW",
                        description="Train a nanoGPT-shaped character model. Under torchrun it runs with DDP.")
     helps = {
@@ -65,12 +64,13 @@ def add_train_parser(sub) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
     import torch.distributed as dist
 
-    from .compiler import SpecError
-    from .train import TrainConfig, saved_options, train
-    from .train.checkpoint import CheckpointError
-    from .train.data import DataError
+    from .. import train as training  # the package attribute, so tests can stand in for train()
+    from ..compiler import SpecError
+    from ..train.checkpoint import CheckpointError
+    from ..train.data import DataError
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     try:
@@ -81,8 +81,8 @@ def _run_train(args: argparse.Namespace) -> int:
             raise ValueError(f"--resume {resume} and --out-dir {given['out_dir']} name different run folders; "
                              "give one of them")
         if run_dir is not None:  # resuming: the checkpoint's options, then those given on the command line
-            options = {**saved_options(run_dir), **given, "resume": True, "out_dir": run_dir}
-        result = train(TrainConfig(**options))
+            options = {**training.saved_options(run_dir), **given, "resume": True, "out_dir": run_dir}
+        result = training.train(TrainConfig(**options))
     except (CheckpointError, DataError, SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

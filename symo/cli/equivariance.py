@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sys
 
-from .cli import CommandError, _import, _load_factory
+from .common import CommandError, _import, _load_factory
 
 _BUILTIN_RULES = ("sgd", "heavy_ball", "symo", "gd", "adam", "scalar_adam", "rmsprop", "signum", "lion", "adafactor",
                   "muon", "shampoo")
@@ -32,10 +32,11 @@ def add_equivariance_parser(sub) -> None:
 
 
 def _optimizer_factory(name: str, lr: float | None):
+    # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
     import torch
 
-    import symo
-    from symo import zoo
+    from ..optim import Symo
+    from ..zoo import RULES, make
 
     if ":" in name:
         module, _, attr = name.partition(":")
@@ -48,9 +49,9 @@ def _optimizer_factory(name: str, lr: float | None):
     if name == "heavy_ball":
         return lambda ps: torch.optim.SGD(ps, lr=lr or 0.05, momentum=0.9)
     if name == "symo":
-        return lambda ps: symo.Symo(ps, "factored", lr=lr or 1e-2)
-    if name in zoo.RULES:
-        return lambda ps: zoo.make(name, ps, lr)
+        return lambda ps: Symo(ps, "factored", lr=lr or 1e-2)
+    if name in RULES:
+        return lambda ps: make(name, ps, lr)
     raise CommandError(f"unknown optimizer {name!r}; choose from {', '.join(_BUILTIN_RULES)} or give module:factory",
                        2)
 
@@ -58,8 +59,9 @@ def _optimizer_factory(name: str, lr: float | None):
 def _equivariance(args) -> int:
     if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
         raise CommandError(f"--lr must be a positive number, got {args.lr:g}", status=2)
-    import symo
-    from symo.compiler import SpecError
+    # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
+    from ..compiler import SpecError
+    from ..gauge import check_equivariance
 
     model = loss = None
     if args.model or args.loss:
@@ -76,7 +78,7 @@ def _equivariance(args) -> int:
     all_ok = True
     for name in args.optimizer:
         try:
-            report = symo.check_equivariance(_optimizer_factory(name, args.lr), model, args.spec, loss,
+            report = check_equivariance(_optimizer_factory(name, args.lr), model, args.spec, loss,
                                              steps=args.steps, seed=args.seed, tolerance=args.tolerance)
         except SpecError as exc:
             print(f"error: {exc}", file=sys.stderr)
