@@ -163,7 +163,7 @@ def test_ns_method_reaches_the_optimizer_and_the_command_line(monkeypatch):
     class Stop(Exception):
         pass
 
-    def fake_train(cfg):
+    def fake_train(cfg, **hooks):  # hooks: the command line's observer
         seen.append(cfg.ns_method)
         raise Stop
 

@@ -2,7 +2,7 @@
 checkpoints, run log, progress bars, the models the bundled specs describe, and the Muon baseline.
 
     from symo.train import TrainConfig, train
-    result = train(TrainConfig(steps=200))
+    result = train(TrainConfig(steps=200))         # prints nothing; observer= sees the progress (events.py)
 
 `symo.train` was one module before; its public names stay importable from here. They load on first
 use (PEP 562), so `symo train --help`, which reads only the options in config.py, does not import torch.
@@ -16,6 +16,7 @@ from typing import Any
 # name -> module of this package that defines it
 _LAZY = {
     "DEFAULT_LR": ".config", "OPTIMIZERS": ".config", "RESUME_KEYS": ".config", "TrainConfig": ".config",
+    "RunStart": ".events", "StepReport": ".events", "TrainInterrupted": ".events", "TrainObserver": ".events",
     "build_optimizer": ".loop", "evaluate": ".loop", "lr_factor": ".loop", "sample": ".loop",
     "saved_options": ".loop", "train": ".loop",
 }

@@ -29,7 +29,7 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
     most every `interval` seconds, and at the end. Both take `update`, `set_postfix_str`, `close`."""
     stream = sys.stderr if file is None else file
     if _is_terminal(stream):
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # only on a terminal: a log file or `symo --help` never loads it
 
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, disable=disable, file=file,
                     **tqdm_options)
