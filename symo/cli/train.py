@@ -112,7 +112,7 @@ def _run_train(args: argparse.Namespace) -> int:
               f"{h['elapsed_s'][-1]:.0f} s, {speed}")
         if result["sample"]:
             print("\n--- sample ---\n" + result["sample"].strip() + "\n--------------")
-        print(f"loss plot: {result.get('plot') or '(matplotlib missing)'}")
+        print(f"loss plot: {result.get('plot') or '(none: matplotlib is missing; pip install matplotlib)'}")
         print(f"log: {result['run_dir'] / 'log.csv'}   checkpoint: {result['run_dir'] / 'ckpt.pt'}")
     return 0
 

@@ -36,7 +36,7 @@ def smooth(values: list[float], beta: float = 0.9) -> list[float]:
 
 def write_plot(path: Path, history: dict[str, list[float]], title: str = "") -> Path | None:
     """Train loss (raw and smoothed) and validation loss against the step; None without matplotlib."""
-    try:
+    try:  # matplotlib is optional (the bench extra) and heavy: loaded only to plot
         import matplotlib
 
         matplotlib.use("Agg")
