@@ -26,7 +26,8 @@ __version__ = "0.1.0"
 # sympy and networkx until a name that needs them is touched.
 _LAZY = {
     "BlockInfo": ".runtime.compiled", "CompiledSpec": ".runtime.compiled",
-    "NonFiniteGradientError": ".runtime.compiled", "NonFiniteUpdateError": ".runtime.compiled", "PRESETS": ".presets",
+    "NonFiniteGradientError": ".runtime.compiled", "NonFiniteUpdateError": ".runtime.compiled",
+    "PRESETS": ".optim.presets",
     "Spec": ".compiler", "SpecError": ".compiler", "compile_spec": ".compiler", "load_spec": ".compiler",
     "parse_spec": ".compiler", "Curvature": ".runtime.curvature", "SymmetryReport": ".runtime.symmetry",
     "check_symmetry": ".runtime.symmetry", "EquivarianceReport": ".gauge", "check_equivariance": ".gauge",
@@ -79,6 +80,7 @@ sys.modules[__name__].__class__ = _Package
 _MOVED: dict[str, str] = {
     "symo.compiled": "symo.runtime.compiled", "symo.curvature": "symo.runtime.curvature",
     "symo.linalg": "symo.runtime.linalg", "symo.equivariance": "symo.runtime.symmetry",
+    "symo.optim_checks": "symo.optim.checks", "symo.presets": "symo.optim.presets",
 }
 
 

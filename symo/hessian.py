@@ -23,7 +23,7 @@ import torch
 
 from .baselines import KFAC, Diagonal, Identity, Shampoo
 from .runtime.curvature import Curvature
-from .runtime.linalg import geometric_mean, sym_power
+from .runtime.linalg import sym_power, taylor_mean
 
 Tensors = Mapping[str, torch.Tensor]
 LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
@@ -118,16 +118,11 @@ def taylor(s_g: Curvature, weights: Tensors, damping: float = 1e-6) -> Curvature
     compiled = s_g.compiled
     w = {n: weights[n].detach() for n in compiled.param_names}
     s_w = compiled.orbit_average(w, centered=True, check_finite=False)
-    delta = max(damping, 1e-8)
     dense_factors = {}
     for b in s_g.block_ids:
         sg = s_g.factor(b).double()
         if b in s_w.block_ids:
-            sw = s_w.factor(b).double()
-            lam = torch.linalg.matrix_norm(sw, ord=2, keepdim=True).clamp_min(1e-300)
-            eye = torch.eye(sw.shape[-1], dtype=sw.dtype)
-            h = geometric_mean(sym_power(sw + delta * lam * eye, -1.0), sg)
-            dense_factors[b] = (h + h.transpose(-1, -2)) / 2
+            dense_factors[b] = taylor_mean(sg, s_w.factor(b).double(), damping, lam_floor=1e-300)
         else:
             dense_factors[b] = sym_power(sg, 0.5)
     return Curvature(compiled, dense_factors)

@@ -71,7 +71,7 @@ class TrainConfig:
             name = "eval_batches" if self.eval_batches < 1 else "threads"
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.preset is not None:
-            from .presets import get_preset
+            from .optim.presets import get_preset
 
             if self.optimizer != "symo":
                 raise ValueError(f"--preset applies to --optimizer symo, not {self.optimizer!r}")
