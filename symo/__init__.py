@@ -79,7 +79,8 @@ sys.modules[__name__].__class__ = _Package
 _MOVED: dict[str, str] = {
     "symo.compiled": "symo.runtime.compiled", "symo.curvature": "symo.runtime.curvature",
     "symo.linalg": "symo.runtime.linalg", "symo.equivariance": "symo.runtime.symmetry",
-    "symo.baselines": "symo.hessian.baselines",
+    "symo.baselines": "symo.hessian.baselines", "symo.laplace_fit": "symo.laplace.fitting",
+    "symo.laplace_predict": "symo.laplace.predictive",
 }
 
 
