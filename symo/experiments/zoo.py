@@ -4,8 +4,8 @@ Every rule is a `torch.optim.Optimizer` (so `symo.check_equivariance` and any to
 it), acting per parameter tensor ("per factor") unless it says otherwise. The constants and formulas
 are those of the paper's published protocol (§1-2): beta1 = 0.9, beta2 = 0.999, eps = 1e-8, step counter from 1.
 
-    opt = symo.zoo.make("muon", [("U", U), ("V", V)], lr=0.03)
-    symo.zoo.RULES                 # name -> (class, default lr, schedule "const" | "cos")
+    opt = symo.experiments.zoo.make("muon", [("U", U), ("V", V)], lr=0.03)
+    symo.experiments.zoo.RULES              # name -> (class, default lr, schedule "const" | "cos")
 
 Learning-rate schedules are the caller's business (set `group["lr"]`).
 """
