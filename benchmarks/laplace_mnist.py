@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from symo.data_mnist import load_mnist
 from symo.laplace import SymoLaplace
-from symo.laplace_predict import linearized_outputs
+from symo.laplace.predictive import linearized_outputs
 from symo.models import MLP
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -34,11 +34,11 @@ _LAZY = {
     "Inference": ".infer", "check_spec": ".infer", "infer_spec": ".infer",
     "Symo": ".optim", "SymoConfig": ".optim", "compile": ".runtime.compiled",
 }
-_SUBMODULES = ("models", "zoo", "hessian", "laplace")
+_SUBMODULES = ("models", "hessian", "laplace", "experiments")
 __all__ = [
     "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "NonFiniteUpdateError", "Spec", "SpecError",
     "PRESETS", "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
-    "EquivarianceReport", "check_equivariance", "zoo",
+    "EquivarianceReport", "check_equivariance", "experiments",
 ]
 __all__ += ["Inference", "check_spec", "infer", "infer_spec"]
 
@@ -81,6 +81,8 @@ _MOVED: dict[str, str] = {
     "symo.compiled": "symo.runtime.compiled", "symo.curvature": "symo.runtime.curvature",
     "symo.linalg": "symo.runtime.linalg", "symo.equivariance": "symo.runtime.symmetry",
     "symo.optim_checks": "symo.optim.checks", "symo.presets": "symo.optim.presets",
+    "symo.baselines": "symo.hessian.baselines", "symo.laplace_fit": "symo.laplace.fitting",
+    "symo.laplace_predict": "symo.laplace.predictive", "symo.zoo": "symo.experiments.zoo",
 }
 
 

@@ -35,7 +35,7 @@ def _optimizer_factory(name: str, lr: float | None):
     import torch
 
     import symo
-    from symo import zoo
+    from symo.experiments import zoo
 
     if ":" in name:
         module, _, attr = name.partition(":")
