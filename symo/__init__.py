@@ -90,6 +90,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Resolves a moved module's old name to the module at its new place (the same module object, so
     `symo.models.GPT is symo.train.models.GPT`), with a DeprecationWarning naming the new place."""
 
+    def __init__(self) -> None:
+        self._specs: dict[str, importlib.machinery.ModuleSpec] = {}
+
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _MOVED:
             return None
@@ -99,10 +102,13 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new = _MOVED[spec.name]
         warnings.warn(f"{spec.name} moved to {new}; import it from there (the old name goes away in the next "
                       f"release)", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        self._specs[spec.name] = module.__spec__  # importlib overwrites __spec__ with the alias's
+        return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        pass  # the module at its new place is already executed
+        # the module at its new place is already executed; give it back its own spec
+        module.__spec__ = self._specs.pop(module.__spec__.name, module.__spec__)
 
 
 if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
