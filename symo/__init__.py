@@ -79,6 +79,10 @@ sys.modules[__name__].__class__ = _Package
 _MOVED: dict[str, str] = {
     "symo.compiled": "symo.runtime.compiled", "symo.curvature": "symo.runtime.curvature",
     "symo.linalg": "symo.runtime.linalg", "symo.equivariance": "symo.runtime.symmetry",
+    "symo.infer_axes": "symo.infer.axes", "symo.infer_layout": "symo.infer.layout",
+    "symo.infer_names": "symo.infer.names", "symo.infer_ops": "symo.infer.ops",
+    "symo.infer_ops_nn": "symo.infer.ops_nn", "symo.infer_trace": "symo.infer.trace",
+    "symo.infer_verify": "symo.infer.verify",
 }
 
 
