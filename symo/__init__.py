@@ -58,12 +58,14 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """`symo.infer` is the function `symo.infer.infer`, also after the submodule is imported (importing
-    `symo.infer` binds the module as an attribute of the package; that binding is ignored here)."""
+    """`symo.infer` is the function `symo.infer.infer`, also after the package symo.infer or one of its
+    modules is imported (an import binds the package as an attribute of `symo`; that binding is ignored
+    here). So reach the package's modules with `from symo.infer import trace` or `from symo.infer.trace
+    import Tracer`: `import symo.infer.trace as trace` looks `trace` up on the function and fails."""
 
     @property
     def infer(self) -> Any:
-        from .infer import infer
+        from .infer import infer  # on first use, like _LAZY: `import symo` does not import torch
 
         return infer
 
