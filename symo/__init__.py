@@ -59,12 +59,14 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """`symo.infer` is the function `symo.infer.infer`, also after the submodule is imported (importing
-    `symo.infer` binds the module as an attribute of the package; that binding is ignored here)."""
+    """`symo.infer` is the function `symo.infer.infer`, also after the package symo.infer or one of its
+    modules is imported (an import binds the package as an attribute of `symo`; that binding is ignored
+    here). So reach the package's modules with `from symo.infer import trace` or `from symo.infer.trace
+    import Tracer`: `import symo.infer.trace as trace` looks `trace` up on the function and fails."""
 
     @property
     def infer(self) -> Any:
-        from .infer import infer
+        from .infer import infer  # on first use, like _LAZY: `import symo` does not import torch
 
         return infer
 
@@ -83,6 +85,10 @@ _MOVED: dict[str, str] = {
     "symo.optim_checks": "symo.optim.checks", "symo.presets": "symo.optim.presets",
     "symo.baselines": "symo.hessian.baselines", "symo.laplace_fit": "symo.laplace.fitting",
     "symo.laplace_predict": "symo.laplace.predictive", "symo.zoo": "symo.experiments.zoo",
+    "symo.infer_axes": "symo.infer.axes", "symo.infer_layout": "symo.infer.layout",
+    "symo.infer_names": "symo.infer.names", "symo.infer_ops": "symo.infer.ops",
+    "symo.infer_ops_nn": "symo.infer.ops_nn", "symo.infer_trace": "symo.infer.trace",
+    "symo.infer_verify": "symo.infer.verify",
 }
 
 
