@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,6 @@ from symo.infer.trace import Tracer
 MODULES = ["symo.infer", "symo.infer.axes", "symo.infer.trace", "symo.infer.ops", "symo.infer.ops_nn",
            "symo.infer.handlers", "symo.infer.layout", "symo.infer.names", "symo.infer.verify",
            "symo.infer.inference"]
-PACKAGE = Path(__file__).resolve().parents[1] / "symo" / "infer"
 # rooms above spec inference, and the sibling rooms of room 3: symo.infer imports none of them
 HIGHER = ["symo.optim", "symo.train", "symo.cli", "symo.experiments", "symo.hessian", "symo.laplace", "symo.gauge"]
 
