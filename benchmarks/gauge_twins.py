@@ -34,7 +34,7 @@ from symo.train.progress import progress as tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import symo  # noqa: E402
-from symo import zoo  # noqa: E402
+from symo.experiments import zoo  # noqa: E402
 
 P, D, HEADS, DH, LAYERS = 47, 64, 4, 16, 2
 METRIC_STEPS = (0, 1, 10, 50, 100, 300, 600, 1000, 1500)

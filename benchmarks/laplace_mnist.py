@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
 from symo.laplace import SymoLaplace
-from symo.laplace_predict import linearized_outputs
+from symo.laplace.predictive import linearized_outputs
 from symo.train.data_mnist import load_mnist
 from symo.train.models import MLP
 

@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import symo  # noqa: E402
-from symo import zoo  # noqa: E402
+from symo.experiments import zoo  # noqa: E402
 
 N, RANK, K = 40, 3, 40
 DOF = RANK * (2 * N - RANK)
@@ -24,7 +24,7 @@ M = int(2 * DOF)  # 462
 MAX_STEPS = 20_000
 STOP_EVERY, STOP_LOSS, DIVERGED = 200, 1e-7, 1e8
 
-# rules of the zoo beyond symo.zoo.RULES: Symo (O(k) gauge, defaults) and a variant
+# rules of the zoo beyond symo.experiments.zoo.RULES: Symo (O(k) gauge, defaults) and a variant
 SYMO_RULES = {
     "symo": {},                                           # Gram polar rule, momentum 0.95 Nesterov
     "symo_ema": {"beta2": 0.999, "source": "gradient"},  # Adam-like EMA of the Gram statistic
@@ -163,7 +163,7 @@ SYMO_BETA1, SYMO_DAMPING = 0.95, 1e-6  # symo.SymoConfig defaults: Muon-form Nes
 def _batched_direction(rule: str, st: dict, gs: list[torch.Tensor], t: int, p: float | None) -> list[torch.Tensor]:
     """One step's directions for factors stacked over a leading batch axis (each member its own run).
 
-    The same formulas as symo.zoo / symo.Symo (the tests compare them step for step)."""
+    The same formulas as symo.experiments.zoo / symo.Symo (the tests compare them step for step)."""
     b1, b2, eps = 0.9, 0.999, 1e-8
     if rule == "gd":
         return gs

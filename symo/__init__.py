@@ -26,7 +26,8 @@ __version__ = "0.1.0"
 # sympy and networkx until a name that needs them is touched.
 _LAZY = {
     "BlockInfo": ".runtime.compiled", "CompiledSpec": ".runtime.compiled",
-    "NonFiniteGradientError": ".runtime.compiled", "NonFiniteUpdateError": ".runtime.compiled", "PRESETS": ".presets",
+    "NonFiniteGradientError": ".runtime.compiled", "NonFiniteUpdateError": ".runtime.compiled",
+    "PRESETS": ".optim.presets",
     "Spec": ".compiler", "SpecError": ".compiler", "compile_spec": ".compiler", "load_spec": ".compiler",
     "parse_spec": ".compiler", "Curvature": ".runtime.curvature", "SymmetryReport": ".runtime.symmetry",
     "check_symmetry": ".runtime.symmetry", "EquivarianceReport": ".gauge", "check_equivariance": ".gauge",
@@ -34,11 +35,11 @@ _LAZY = {
     "Symo": ".optim", "SymoConfig": ".optim", "compile": ".runtime.compiled",
 }
 # public submodules by attribute: name -> module (symo.models is the training room's models)
-_SUBMODULES = {"models": ".train.models", "zoo": ".zoo", "hessian": ".hessian", "laplace": ".laplace"}
+_SUBMODULES = {"models": ".train.models", "hessian": ".hessian", "laplace": ".laplace", "experiments": ".experiments"}
 __all__ = [
     "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "NonFiniteUpdateError", "Spec", "SpecError",
     "PRESETS", "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
-    "EquivarianceReport", "check_equivariance", "zoo",
+    "EquivarianceReport", "check_equivariance", "experiments",
 ]
 __all__ += ["Inference", "check_spec", "infer", "infer_spec"]
 
@@ -47,7 +48,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
     elif name in _SUBMODULES:
-        value = importlib.import_module(_SUBMODULES[name], __name__)  # symo.models, symo.zoo, ...
+        value = importlib.import_module(_SUBMODULES[name], __name__)  # symo.models, symo.hessian, ...
     elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
         value = importlib.import_module(f".{name}", __name__)  # symo.compiler, symo.train, ...
     else:
@@ -61,12 +62,14 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """`symo.infer` is the function `symo.infer.infer`, also after the submodule is imported (importing
-    `symo.infer` binds the module as an attribute of the package; that binding is ignored here)."""
+    """`symo.infer` is the function `symo.infer.infer`, also after the package symo.infer or one of its
+    modules is imported (an import binds the package as an attribute of `symo`; that binding is ignored
+    here). So reach the package's modules with `from symo.infer import trace` or `from symo.infer.trace
+    import Tracer`: `import symo.infer.trace as trace` looks `trace` up on the function and fails."""
 
     @property
     def infer(self) -> Any:
-        from .infer import infer
+        from .infer import infer  # on first use, like _LAZY: `import symo` does not import torch
 
         return infer
 
@@ -82,6 +85,13 @@ sys.modules[__name__].__class__ = _Package
 _MOVED: dict[str, str] = {
     "symo.compiled": "symo.runtime.compiled", "symo.curvature": "symo.runtime.curvature",
     "symo.linalg": "symo.runtime.linalg", "symo.equivariance": "symo.runtime.symmetry",
+    "symo.optim_checks": "symo.optim.checks", "symo.presets": "symo.optim.presets",
+    "symo.baselines": "symo.hessian.baselines", "symo.laplace_fit": "symo.laplace.fitting",
+    "symo.laplace_predict": "symo.laplace.predictive", "symo.zoo": "symo.experiments.zoo",
+    "symo.infer_axes": "symo.infer.axes", "symo.infer_layout": "symo.infer.layout",
+    "symo.infer_names": "symo.infer.names", "symo.infer_ops": "symo.infer.ops",
+    "symo.infer_ops_nn": "symo.infer.ops_nn", "symo.infer_trace": "symo.infer.trace",
+    "symo.infer_verify": "symo.infer.verify",
     # room 4, the training application (symo.train was a module; it is now the package, same names)
     "symo.train_config": "symo.train.config", "symo.data": "symo.train.data",
     "symo.data_mnist": "symo.train.data_mnist", "symo.checkpoint": "symo.train.checkpoint",
@@ -96,6 +106,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Resolves a moved module's old name to the module at its new place (the same module object, so
     `symo.models.GPT is symo.train.models.GPT`), with a DeprecationWarning naming the new place."""
 
+    def __init__(self) -> None:
+        self._specs: dict[str, importlib.machinery.ModuleSpec] = {}
+
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _MOVED:
             return None
@@ -105,10 +118,13 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new = _MOVED[spec.name]
         warnings.warn(f"{spec.name} moved to {new}; import it from there (the old name goes away in the next "
                       f"release)", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        self._specs[spec.name] = module.__spec__  # importlib overwrites __spec__ with the alias's
+        return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        pass  # the module at its new place is already executed
+        # the module at its new place is already executed; give it back its own spec
+        module.__spec__ = self._specs.pop(module.__spec__.name, module.__spec__)
 
 
 if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):

@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from symo.optim import Symo
+from symo.optim import Symo, optimizer  # optimizer: where the step calls the block function
 from symo.train.models import GPT, GPTConfig
 
 
@@ -33,17 +33,17 @@ def test_batched_step_equals_per_block_step(spec: str, backend: str, monkeypatch
     torch.manual_seed(0)
     base = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=128, vocab_size=17, block_size=16))
     calls = {True: 0, False: 0}
-    original = Symo._fast_block
+    original = optimizer.single_statistic_apply
     models = {}
     for batched in (False, True):
         model = copy.deepcopy(base)
         opt = Symo(model.named_parameters(), spec, lr=0.02, backend=backend, batch_blocks=batched)
 
-        def counting(self, *args, _batched=batched):
+        def counting(*args, _batched=batched):
             calls[_batched] += 1
-            return original(self, *args)
+            return original(*args)
 
-        monkeypatch.setattr(Symo, "_fast_block", counting)
+        monkeypatch.setattr(optimizer, "single_statistic_apply", counting)
         train(model, opt, steps=1)
         models[batched] = model
     assert calls[True] < calls[False]  # blocks were stacked: fewer matrix-function calls
@@ -79,12 +79,12 @@ def test_bfloat16_newton_schulz_close_to_float32() -> None:
 
 def test_auto_batching_stacks_on_accelerators_only(monkeypatch) -> None:
     """batch_blocks='auto' (the default): one call per block on CPU, stacked calls on other devices."""
-    from symo.optim import _stack_blocks
+    from symo.optim.plan import stack_blocks as _stack_blocks
 
     model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=17, block_size=16))
     calls = []
-    original = Symo._fast_block
-    monkeypatch.setattr(Symo, "_fast_block", lambda self, y, *a: calls.append(y.shape[0]) or original(self, y, *a))
+    original = optimizer.single_statistic_apply
+    monkeypatch.setattr(optimizer, "single_statistic_apply", lambda y, *a: calls.append(y.shape[0]) or original(y, *a))
     opt = Symo(model.named_parameters(), "gpt_muon", lr=0.02)
     assert opt.config.batch_blocks == "auto"
     train(model, opt, steps=1)

@@ -122,7 +122,8 @@ def test_float32_statistics_stay_finite_and_drop_only_what_float32_cannot_hold(d
 def test_tiny_negative_eigenvalues_map_to_zero_not_nan():
     """A statistic with eigenvalues -1e-17 lambda_max (what rounding makes of exact zeros), given to the
     matrix function directly: the -1/2 power is finite and zero on those directions, for each backend."""
-    from symo.optim import SymoConfig, _matrix_power
+    from symo.optim import SymoConfig
+    from symo.optim.matrix_functions import stored_power as _matrix_power
 
     gen = torch.Generator().manual_seed(0)
     q, _ = torch.linalg.qr(torch.randn(8, 8, generator=gen, dtype=torch.float64))
@@ -139,7 +140,7 @@ def test_tiny_negative_eigenvalues_map_to_zero_not_nan():
 def test_a_non_finite_curvature_power_retries_in_float64_then_names_the_block(monkeypatch):
     """The optimizer's own NaN gets its own error (naming block and backend), never the gradient message;
     a failure of the first evaluation only is repaired by the float64 retry."""
-    import symo.optim as optim
+    import symo.optim.matrix_functions as optim  # where the step evaluates its matrix powers
 
     g, _ = designed_gradient(6, "cond1e12", torch.float32)
     real = optim.sym_power

@@ -12,7 +12,7 @@ import torch
 
 import symo
 import symo.cli
-from symo import zoo
+from symo.experiments import zoo
 from symo.train.models import Factored
 
 EQUIVARIANT = {

@@ -1,4 +1,4 @@
-"""`symo.hessian` and `symo.baselines` against independent oracles (MATH.md §6-7).
+"""`symo.hessian` and `symo.hessian.baselines` against independent oracles (MATH.md §6-7).
 
 Oracles: central finite differences of the gradient, torch.func.hessian, dense Kronecker products
 built here with torch.kron and eigh, per-sample gradients from plain autograd, and the group action

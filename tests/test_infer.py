@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 import symo
 from symo.infer import check_spec, infer, infer_spec
-from symo.infer_verify import act, element_matrices, sample_element
+from symo.infer.verify import act, element_matrices, sample_element
 from symo.train.models import GPT, MLP, GPTConfig
 from symo.train.models_resnet import resnet_tiny
 
@@ -417,9 +417,9 @@ def test_normalisation_decides_the_residual_group(norm, group):
 
 
 def test_numeric_check_narrows_a_group_the_graph_overestimates():
-    from symo.infer import _verify, trace
-    from symo.infer_layout import build_layout
-    from symo.infer_verify import OutputCheck
+    from symo.infer.inference import _verify, trace
+    from symo.infer.layout import build_layout
+    from symo.infer.verify import OutputCheck
 
     torch.manual_seed(0)
     model = MLP((6, 10, 10, 3), act="relu")
@@ -456,7 +456,7 @@ def test_in_place_action_matches_dense_matrices_across_successive_elements(dtype
     """The check's in-place workspace (A_g w written from the originals, tensors put back when the next element
     leaves them alone) equals CompiledSpec.act with dense matrices on fresh float64 copies, element after element
     on different sets of spaces, and never writes the model's own parameters (a float64 model shares dtype)."""
-    from symo.infer_verify import Workspace, act_in_place
+    from symo.infer.verify import Workspace, act_in_place
 
     model = tiny_gpt().to(dtype)
     spec = infer_spec(model)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.optim import Symo, SymoConfig, _fast_directions_static
+from symo.optim import Symo, SymoConfig
+from symo.optim.optimizer import muon_path_directions
 from symo.runtime.compiled import NonFiniteGradientError
 from symo.runtime.linalg import geometric_mean, inv_sqrt_newton_schulz, sym_power
 from symo.train.models import MLP, Factored
@@ -432,9 +433,10 @@ def test_muon_hot_path_traces_as_one_graph():
     shapes = dict(model.named_parameters())
     grads = [torch.randn_like(shapes[n]) for n in names]
     args = (names, grads)
-    compiled = torch.compile(_fast_directions_static, fullgraph=True, backend="eager")
-    out = compiled(opt, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3)
-    ref = _fast_directions_static(opt, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3)
+    compiled = torch.compile(muon_path_directions, fullgraph=True, backend="eager")
+    plan = (opt.plan[0], opt.config, opt.stats_dtype)
+    out = compiled(*plan, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3)
+    ref = muon_path_directions(*plan, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3)
     assert all(torch.equal(out[n], ref[n]) for n in names)
 
 

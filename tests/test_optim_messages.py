@@ -120,7 +120,7 @@ def test_defaults_config_and_sizes_reach_the_optimizer():
     spec = symo.parse_spec(FREE_HEADS)
     for heads in (3, 4):
         opt = Symo({"w": w}, spec, sizes={"head": heads}, geometric_mean_with=spec, beta2=0.9)
-        assert [b.batch for st in opt._stages for b in st.compiled.blocks] == [heads, heads]
+        assert [b.batch for st in opt.plan for b in st.compiled.blocks] == [heads, heads]
 
 
 def test_config_tanh_spec_is_accepted_with_its_own_sizes():

@@ -327,7 +327,7 @@ def test_compile_true_matches_the_eager_step_bit_for_bit(monkeypatch):
             o.zero_grad()
             _loss(model, x, y).backward()
             o.step()
-    assert calls == [("_fast_directions_static", {"fullgraph": True})]
+    assert calls == [("muon_path_directions", {"fullgraph": True})]
     assert "backend=newton_schulz (spectral); fc2.weight" in opts[0].describe()
     for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
         assert torch.equal(a, b), n

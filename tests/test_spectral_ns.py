@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from symo.optim import Symo
+from symo.optim.matrix_functions import ns_method
 from symo.runtime.linalg import (
     FLOAT64_EIGH_MAX,
     MUON_COEFFS,
@@ -128,7 +129,7 @@ def test_cost_model_boundaries() -> None:
 
 def test_auto_follows_the_cost_model_on_cpu(monkeypatch) -> None:
     calls = {"spectral": [], "iterate": []}
-    import symo.optim as optim
+    import symo.optim.matrix_functions as optim  # where the step evaluates Newton-Schulz
 
     real_spectral, real_iterate = optim.newton_schulz_spectral, optim.newton_schulz
     monkeypatch.setattr(optim, "newton_schulz_spectral",
@@ -190,7 +191,8 @@ def test_ns_method_validation() -> None:
         Symo(model.named_parameters(), SPECS / "muon.toml", ns_method="spectral", ns_dtype="bfloat16")
     big = (FLOAT64_EIGH_MAX + 1, FLOAT64_EIGH_MAX + 1)  # the cost model's spectral case
     opt = Symo(model.named_parameters(), SPECS / "muon.toml", ns_dtype="bfloat16")  # auto + bf16 iterates
-    assert opt._ns_method(big, torch.device("cpu")) == "iterate"
+    assert ns_method(big, torch.device("cpu"), opt.config) == "iterate"
     opt = Symo(model.named_parameters(), SPECS / "muon.toml")
-    assert opt._ns_method(big, torch.device("cpu")) == "spectral"
-    assert opt._ns_method(big, torch.device("cuda")) == opt._ns_method(big, torch.device("meta")) == "iterate"
+    assert ns_method(big, torch.device("cpu"), opt.config) == "spectral"
+    for device in ("cuda", "meta"):
+        assert ns_method(big, torch.device(device), opt.config) == "iterate"

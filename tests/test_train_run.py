@@ -227,7 +227,7 @@ def test_cli_train_prints_sample_and_plot(tmp_path, capsys):
 
 def test_train_with_a_preset_builds_that_optimizer_and_takes_its_rate(tmp_path):
     """--preset paper: the run's Symo has the paper preset's options and, without --lr, its rate."""
-    from symo.presets import PRESETS
+    from symo.optim.presets import PRESETS
     from symo.train import build_optimizer
 
     cfg = tiny(tmp_path, spec="gpt_true", preset="paper")

@@ -1,4 +1,4 @@
-"""symo.zoo (issue 11): each rule's first step on a 2 x 2 example, computed by hand from the published
+"""symo.experiments.zoo (issue 11): each rule's first step on a 2 x 2 example, computed by hand from the published
 rule (PROTOCOLS.md §1), and the dial's end points. float64."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from symo import zoo
+from symo.experiments import zoo
 
 G = [[1.0, -2.0], [3.0, 0.5]]
 LR = 0.1

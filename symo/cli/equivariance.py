@@ -35,8 +35,8 @@ def _optimizer_factory(name: str, lr: float | None):
     # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
     import torch
 
+    from ..experiments.zoo import RULES, make
     from ..optim import Symo
-    from ..zoo import RULES, make
 
     if ":" in name:
         module, _, attr = name.partition(":")

@@ -283,3 +283,16 @@ def geometric_mean(a: torch.Tensor, b: torch.Tensor, float64_max: int = FLOAT64_
     inner = ihalf @ b @ ihalf
     inner = (inner + inner.transpose(-1, -2)) / 2
     return half @ sym_power(inner, 0.5, 0.0, float64_max) @ half
+
+
+def taylor_mean(sg: torch.Tensor, sw: torch.Tensor, damping: float, absolute: bool = False,
+                lam_floor: float = 1e-30) -> torch.Tensor:
+    """The taylor estimator's H = (S_w + delta I)^{-1} # S_g, symmetrised: the solution of
+    H S_w H = S_g with S_w damped by delta = max(damping, 1e-8), times S_w's largest eigenvalue
+    (at least `lam_floor`) unless `absolute` (S_w is often rank deficient)."""
+    eye = torch.eye(sw.shape[-1], dtype=sw.dtype, device=sw.device)
+    delta = max(damping, 1e-8)
+    if not absolute:
+        delta = delta * torch.linalg.matrix_norm(sw, ord=2, keepdim=True).clamp_min(lam_floor)
+    h = geometric_mean(sym_power(sw + delta * eye, -1.0), sg)
+    return (h + h.transpose(-1, -2)) / 2

@@ -1,4 +1,4 @@
-"""`symo.laplace`: a Laplace approximation whose posterior precision is Symo's orbit-averaged curvature.
+"""`symo.laplace.SymoLaplace`: a Laplace approximation whose posterior precision is Symo's orbit-averaged curvature.
 
     la = symo.laplace.SymoLaplace(model, "mlp_relu", likelihood="classification")
     la.fit(train_loader)                                  # batches (x, y); sums over the data
@@ -17,7 +17,7 @@ power come from one eigendecomposition of each mult x mult factor: exact, and ch
 prior precision. Parameters of the subset that the spec does not cover get the diagonal of the same
 curvature estimate (a diagonal Laplace on them).
 
-Estimators (`estimator=`; details in `symo.laplace_fit`): `"ggn"` (default) is the generalised
+Estimators (`estimator=`; details in `symo.laplace.fitting`): `"ggn"` (default) is the generalised
 Gauss-Newton matrix, exact up to EXACT_GGN_MAX_OUTPUTS outputs and Monte Carlo (`mc_samples` labels
 drawn from the model's predictive per example) above; `"ggn_exact"`, `"ggn_mc"` force one route;
 `"ef"` is the empirical Fisher. The GGN is the default because it is the curvature laplace-torch uses
@@ -40,8 +40,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .compiler import Spec
-from .laplace_fit import (
+from ..compiler import Spec
+from ..runtime.compiled import CompiledSpec
+from ..runtime.curvature import Curvature
+from .fitting import (
     LIKELIHOODS,
     CurvatureAccumulator,
     batch_loss,
@@ -53,9 +55,7 @@ from .laplace_fit import (
     resolve_estimator,
     resolve_subset,
 )
-from .laplace_predict import jacobians, linearized_outputs, nn_outputs, probit
-from .runtime.compiled import CompiledSpec
-from .runtime.curvature import Curvature
+from .predictive import jacobians, linearized_outputs, nn_outputs, probit
 
 PRED_TYPES = ("glm", "nn")
 LINK_APPROX = ("probit", "mc")

@@ -4,8 +4,8 @@ Every rule is a `torch.optim.Optimizer` (so `symo.check_equivariance` and any to
 it), acting per parameter tensor ("per factor") unless it says otherwise. The constants and formulas
 are those of the paper's published protocol (§1-2): beta1 = 0.9, beta2 = 0.999, eps = 1e-8, step counter from 1.
 
-    opt = symo.zoo.make("muon", [("U", U), ("V", V)], lr=0.03)
-    symo.zoo.RULES                 # name -> (class, default lr, schedule "const" | "cos")
+    opt = symo.experiments.zoo.make("muon", [("U", U), ("V", V)], lr=0.03)
+    symo.experiments.zoo.RULES              # name -> (class, default lr, schedule "const" | "cos")
 
 Learning-rate schedules are the caller's business (set `group["lr"]`).
 """
@@ -18,21 +18,14 @@ from typing import Any
 
 import torch
 
-NS5_COEFFS = (3.4445, -4.7750, 2.0315)
+from ..runtime.linalg import newton_schulz, sym_power
 
 
 def ns5(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """Muon's quintic Newton–Schulz polar approximation: X = G / (||G||_F + 1e-7); transpose if tall;
-    `steps` iterations of A = X X^T, B = b A + c A^2, X <- a X + B X; transpose back; no shape scale."""
-    a, b, c = NS5_COEFFS
-    x = g / (g.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    tall = x.shape[-2] > x.shape[-1]
-    if tall:
-        x = x.transpose(-1, -2)
-    for _ in range(steps):
-        gram = x @ x.transpose(-1, -2)
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.transpose(-1, -2) if tall else x
+    """Muon's quintic Newton–Schulz polar approximation, the library's one (`symo.runtime.linalg.newton_schulz`):
+    X = G / (||G||_F + 1e-7); transpose if tall; `steps` iterations of A = X X^T, B = b A + c A^2,
+    X <- a X + B X with (a, b, c) = (3.4445, -4.7750, 2.0315); transpose back; no shape scale."""
+    return newton_schulz(g, steps)
 
 
 def _plain(params: Iterable[Any]) -> list[Any]:
@@ -228,9 +221,12 @@ class Muon(_Rule):
 
 class Shampoo(_Rule):
     """L += G G^T, R += G^T G (sums); every `update_freq` steps ((t-1) % f == 0) L_inv = (L + eps I)^(-1/4),
-    R_inv = (R + eps I)^(-1/4) by eigh (symmetrised, eigenvalues clamped at 1e-6); direction L_inv G R_inv."""
+    R_inv = (R + eps I)^(-1/4) by eigh (symmetrised, eigenvalues clamped at 0 before eps is added, eps > 0);
+    direction L_inv G R_inv."""
 
     def __init__(self, params, lr: float, update_freq: int = 20, eps: float = 1.0) -> None:
+        if not eps > 0:  # the root is (L + eps I)^(-1/4): without damping it would not exist for a singular L
+            raise ValueError(f"eps must be > 0, got {eps}")
         super().__init__(params, lr, update_freq=update_freq, eps=eps)
         _require_matrices(self, "Shampoo")
 
@@ -247,9 +243,9 @@ class Shampoo(_Rule):
 
 
 def _inv_root4(a: torch.Tensor, eps: float) -> torch.Tensor:
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    evals, evecs = torch.linalg.eigh((a + a.transpose(-1, -2)) / 2 + eps * eye)
-    return (evecs * evals.clamp_min(1e-6).pow(-0.25).unsqueeze(-2)) @ evecs.transpose(-1, -2)
+    """(A + eps I)^(-1/4) of the symmetrised A by eigh, eigenvalues clamped at 0 first (Shampoo's absolute
+    damping, the library's `sym_power`; eps > 0, so no eigenvalue is thresholded)."""
+    return sym_power((a + a.transpose(-1, -2)) / 2, -0.25, eps, absolute=True)
 
 
 def _require_matrices(opt: torch.optim.Optimizer, name: str) -> None:

@@ -33,8 +33,9 @@ from collections.abc import Mapping
 import torch
 from torch.func import functional_call, vjp, vmap
 
-from .compiler import Spec, load_spec
-from .runtime.compiled import CompiledSpec
+from ..compiler import Spec, SpecError, load_spec
+from ..runtime.compiled import CompiledSpec
+from ..runtime.compiled import compile as compile_spec
 
 ESTIMATORS = ("ggn", "ggn_exact", "ggn_mc", "ef")
 LIKELIHOODS = ("classification", "regression")
@@ -168,9 +169,6 @@ def compile_for_subset(spec: Spec | str | os.PathLike | CompiledSpec | None, nam
     spec's own rules), then with every rule optional for the subset: the group restricted to those
     parameters, whose orbit average is the subset's block of the whole orbit average (the group acts
     on each parameter separately)."""
-    from .compiler import SpecError
-    from .runtime.compiled import compile as compile_spec
-
     if spec is None:
         return None
     if isinstance(spec, CompiledSpec):

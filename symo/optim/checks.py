@@ -1,24 +1,29 @@
 """Checks of the Symo optimizer's inputs, as torch.optim checks its own: option types and ranges
-(TypeError / ValueError naming the option), param-group options, and state dicts at load time
-(another spec, width or parameter set is refused before anything is loaded)."""
+(TypeError / ValueError naming the option), parameters and param-group options, and state dicts at load
+time (another spec, width or parameter set is refused before anything is loaded)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .compiler import Spec
-from .runtime.compiled import CompiledSpec
+from ..compiler import Spec
+from ..runtime.compiled import CompiledSpec
 
 if TYPE_CHECKING:
-    from .optim import Symo, SymoConfig
+    from .plan import Stage
+
+# Options a param group may override; the curvature options are per block, and a block may span
+# parameters of several groups, so those stay global (SymoConfig).
+NamedParams = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | Iterable[dict[str, Any]]
+GROUP_KEYS = ("lr", "beta1", "nesterov", "weight_decay", "adamw_lr", "adamw_betas", "adamw_eps", "adamw_wd")
 
 
-_FLOATS = ("beta1", "beta2", "damping", "power", "weight_decay", "adamw_rms", "adamw_lr", "adamw_eps", "adamw_wd")
+_FLOATS = ("beta1", "beta2", "damping", "power", "weight_decay", "adamw_rms")
 _INTS = ("precondition_frequency", "eigh_max_size", "ns_steps", "ns_inverse_steps")
 _BOOLS = ("nesterov", "check_finite", "compile")
 _CHOICES = {"source": ("momentum", "gradient"), "damping_mode": ("relative", "absolute"),
@@ -31,31 +36,39 @@ def _is_real(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _check_types(cfg: SymoConfig) -> None:
-    """TypeError naming the option for a value of the wrong kind (before any comparison misleads)."""
+def check_types(cfg: object) -> None:
+    """TypeError naming the option for a value of the wrong kind (before any comparison misleads); `cfg`
+    is one feature's config, and only the options it has are checked."""
+    have = vars(cfg)
     for name in _FLOATS:
-        if not _is_real(getattr(cfg, name)):
-            raise TypeError(f"{name} must be a number, got {getattr(cfg, name)!r}")
+        if name in have and not _is_real(have[name]):
+            raise TypeError(f"{name} must be a number, got {have[name]!r}")
     for name in _INTS:
-        value = getattr(cfg, name)
+        value = have.get(name, 0)
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int, got {value!r}")
     for name in _BOOLS:
-        if not isinstance(getattr(cfg, name), bool):
-            raise TypeError(f"{name} must be True or False, got {getattr(cfg, name)!r}")
+        if name in have and not isinstance(have[name], bool):
+            raise TypeError(f"{name} must be True or False, got {have[name]!r}")
     for name, allowed in _CHOICES.items():
-        if not isinstance(getattr(cfg, name), str):
-            raise TypeError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
-    for name in ("ns_coeffs", "adamw_betas"):
-        value = getattr(cfg, name)
-        if not isinstance(value, (tuple, list)) or not all(_is_real(c) for c in value):
-            raise TypeError(f"{name} must be a tuple of numbers, got {value!r}")
-    gm = cfg.geometric_mean_with
+        if name in have and not isinstance(have[name], str):
+            raise TypeError(f"{name} must be one of {allowed}, got {have[name]!r}")
+    value = have.get("ns_coeffs", ())
+    if not isinstance(value, (tuple, list)) or not all(_is_real(c) for c in value):
+        raise TypeError(f"ns_coeffs must be a tuple of numbers, got {value!r}")
+    gm = have.get("geometric_mean_with")
     if gm is not None and not isinstance(gm, (str, Path, Spec, CompiledSpec)):
         raise TypeError(f"geometric_mean_with must be a spec (path, name, Spec or CompiledSpec), got {gm!r}")
 
 
-def _adamw_checks(lr: object, betas: object, eps: object, wd: object) -> list[tuple[bool, str]]:
+def raise_first(checks: Iterable[tuple[bool, str]]) -> None:
+    """ValueError with the message of the first failed (ok, message) check."""
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+
+
+def adamw_checks(lr: object, betas: object, eps: object, wd: object) -> list[tuple[bool, str]]:
     """torch.optim.AdamW's checks, for the built-in AdamW's options (global or per group)."""
     for name, value in (("adamw_lr", lr), ("adamw_eps", eps), ("adamw_wd", wd)):
         if not _is_real(value):
@@ -71,7 +84,7 @@ def _adamw_checks(lr: object, betas: object, eps: object, wd: object) -> list[tu
     ]
 
 
-def _check_group_options(opts: dict[str, Any], where: str) -> None:
+def check_group_options(opts: dict[str, Any], where: str) -> None:
     """The per-group options (lr, beta1, nesterov, weight_decay, adamw_*), as torch checks them."""
     for name in ("lr", "beta1", "weight_decay"):
         if not _is_real(opts[name]) and not (name == "lr" and torch.is_tensor(opts[name])):
@@ -83,24 +96,25 @@ def _check_group_options(opts: dict[str, Any], where: str) -> None:
         (0.0 <= opts["weight_decay"] < math.inf,
          f"Invalid weight_decay value: {opts['weight_decay']} ({where}weight_decay must be a finite number >= 0)"),
         (isinstance(opts["nesterov"], bool), f"{where}nesterov must be True or False, got {opts['nesterov']!r}"),
-        *_adamw_checks(opts["adamw_lr"], opts["adamw_betas"], opts["adamw_eps"], opts["adamw_wd"]),
+        *adamw_checks(opts["adamw_lr"], opts["adamw_betas"], opts["adamw_eps"], opts["adamw_wd"]),
     ]
     for ok, message in checks:
         if not ok:
             raise ValueError(message if where == "" or message.startswith(where) else f"{where}{message}")
 
 
-def _check_state_dict(opt: Symo, state_dict: object) -> None:
-    """Refuse, before anything is loaded, a state dict saved by another spec, width or parameter set."""
+def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list[dict[str, Any]]) -> None:
+    """Refuse, before anything is loaded, a state dict saved by another spec, width or parameter set
+    (`stages`: the optimizer's block plan; `param_groups`: its torch param groups)."""
     if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
         raise TypeError("load_state_dict expects the dict returned by Symo.state_dict() "
                         "(with 'state' and 'param_groups')")
     meta = state_dict.get("symo")
     if meta is not None:
-        mine = [st.compiled for st in opt._stages]
+        mine = [st.compiled for st in stages]
         if list(meta.get("keys", [])) != [c.key for c in mine]:
             raise ValueError(f"load_state_dict: the checkpoint was saved for spec {meta.get('spec')!r} (or another "
-                             f"parameter layout); this optimizer uses spec {opt.compiled.name!r}")
+                             f"parameter layout); this optimizer uses spec {mine[0].name!r}")
         for saved, c in zip(meta.get("sizes", []), mine):
             diff = {k: (v, c.sizes.get(k)) for k, v in saved.items() if c.sizes.get(k) != v}
             if diff:
@@ -108,15 +122,15 @@ def _check_state_dict(opt: Symo, state_dict: object) -> None:
                 raise ValueError(f"load_state_dict: the checkpoint was saved for other widths; (saved, now): {shown}")
     groups = state_dict["param_groups"]
     saved_names = [n for g in groups for n in g.get("param_names", [])]
-    my_names = [n for g in opt.param_groups for n in g["param_names"]]
+    my_names = [n for g in param_groups for n in g["param_names"]]
     if saved_names and set(saved_names) != set(my_names):
         raise ValueError(f"load_state_dict: the checkpoint was saved for other parameters (only in the checkpoint: "
                          f"{sorted(set(saved_names) - set(my_names))[:3]}; only here: "
                          f"{sorted(set(my_names) - set(saved_names))[:3]})")
-    if len(groups) != len(opt.param_groups):
+    if len(groups) != len(param_groups):
         raise ValueError(f"load_state_dict: the checkpoint has {len(groups)} parameter groups, this optimizer "
-                         f"{len(opt.param_groups)}; build the optimizer with the same parameters and groups")
-    for k, (saved, mine) in enumerate(zip(groups, opt.param_groups)):
+                         f"{len(param_groups)}; build the optimizer with the same parameters and groups")
+    for k, (saved, mine) in enumerate(zip(groups, param_groups)):
         names = saved.get("param_names")
         if names is not None and list(names) != list(mine["param_names"]):
             extra = sorted(set(names) - set(mine["param_names"]))[:3]
@@ -131,7 +145,7 @@ def _check_state_dict(opt: Symo, state_dict: object) -> None:
                 if torch.is_tensor(v) and key != "step" and tuple(v.shape) != tuple(p.shape):
                     raise ValueError(f"load_state_dict: state {key!r} of parameter {name!r} has shape "
                                      f"{tuple(v.shape)}, the parameter {tuple(p.shape)}")
-    for stage in opt._stages:
+    for stage in stages:
         blocks = {b.id: b for b in stage.compiled.blocks}
         for bid, st in state_dict["state"].get(stage.key, {}).items():
             if bid not in blocks:
@@ -142,3 +156,40 @@ def _check_state_dict(opt: Symo, state_dict: object) -> None:
                 if torch.is_tensor(v) and v.dim() > 0 and tuple(v.shape) != (b.batch, b.mult, b.mult):
                     raise ValueError(f"load_state_dict: statistic {key!r} of block {bid} has shape {tuple(v.shape)}, "
                                      f"expected {(b.batch, b.mult, b.mult)}")
+
+
+def normalise_groups(params: NamedParams) -> list[dict[str, Any]]:
+    """-> [{"params": [(name, tensor), ...], **options}], rejecting unnamed tensors."""
+    if torch.is_tensor(params) or isinstance(params, (str, bytes)) or not isinstance(params, (Iterable, Mapping)):
+        raise TypeError("params must be named parameters: model.named_parameters(), a {name: param} dict or "
+                        f"param groups; got {type(params).__name__}")
+    if isinstance(params, Mapping):
+        params = list(params.items())
+    params = list(params)
+    if not params:
+        raise ValueError("Symo got an empty parameter list")
+    groups = params if isinstance(params[0], dict) else [{"params": params}]
+    out, seen = [], set()
+    for g in groups:
+        if not isinstance(g, dict):
+            raise TypeError("mix of param-group dicts and (name, param) pairs")
+        unknown = set(g) - {"params", *GROUP_KEYS}
+        if unknown:
+            raise ValueError(f"unknown param-group option(s) {sorted(unknown)}; per-group options are "
+                             f"{GROUP_KEYS} (curvature options are global: SymoConfig)")
+        if "params" not in g:
+            raise ValueError("a param group needs a 'params' entry: {'params': [(name, param), ...], ...}")
+        items = g["params"]
+        if torch.is_tensor(items) or not isinstance(items, (Iterable, Mapping)):
+            raise TypeError(f"a param group's 'params' must be [(name, param), ...], got {type(items).__name__}")
+        items = list(items.items()) if isinstance(items, Mapping) else list(items)
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], torch.Tensor)):
+                raise TypeError("Symo needs named parameters: pass model.named_parameters() or groups "
+                                "with 'params': [(name, param), ...]")
+            if item[0] in seen:
+                raise ValueError(f"parameter {item[0]!r} given twice")
+            seen.add(item[0])
+        out.append({**g, "params": items})
+    return out

@@ -1,59 +1,25 @@
-"""Check a curvature estimate against the true Hessian of a small model (metrics: docs/hessian.md).
+"""Score a curvature estimate against the true Hessian: `compare` (cosine metrics, docs/hessian.md),
+`solve_cg` (the Newton direction of an estimate without `.power`), `DenseEstimate` (a P x P matrix as an
+estimate).
 
-    from symo import hessian
-    H  = hessian.dense(loss_fn, params)            # P x P float64, params' order, each tensor row-major
-    Hv = hessian.hvp(loss_fn, params, v)            # {name: tensor}, without forming H
-    m  = hessian.compare(estimate, loss_fn, params, damping=1e-8, random_directions=8, seed=0)
-
-`loss_fn(params_dict) -> scalar` must accept float64 tensors (cast the data to the parameters' dtype
-inside it). An *estimate* is anything with `.matvec({name: tensor})`; `.power(p, damping)` is used for
-the Newton direction when present (conjugate gradients otherwise) and `.dense()` for the Frobenius
-cosine when present. Symo's `Curvature` qualifies (use `S.power(0.5)` for H_g = S_g^{1/2}, or
-`taylor(...)`), and so do the baselines re-exported here from `symo.baselines`: `Shampoo`, `KFAC`,
-`Diagonal`, `Identity`. The metrics are explained in docs/hessian.md.
+An *estimate* is anything with `.matvec({name: tensor})`; `.power(p, damping)` is used for the Newton
+direction when present (conjugate gradients otherwise) and `.dense()` for the Frobenius cosine when
+present.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from .baselines import KFAC, Diagonal, Identity, Shampoo
-from .runtime.curvature import Curvature
-from .runtime.linalg import geometric_mean, sym_power
-
-Tensors = Mapping[str, torch.Tensor]
-LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+from ..runtime.linalg import sym_power
+from .exact import LossFn, Tensors, _detached, dense, flatten, gradient, hvp, unflatten
 
 # Past these sizes compare() skips what needs the dense P x P matrices (returns None for that metric).
 DENSE_MAX = 6000
 FROBENIUS_MAX = 4000
-
-
-# ------------------------------------------------------------------ flattening
-def _detached(params: Tensors, dtype: torch.dtype | None = torch.float64) -> dict[str, torch.Tensor]:
-    if not params:
-        raise ValueError("params is empty: pass {name: tensor} for every parameter the loss depends on")
-    return {n: (p.detach().to(dtype) if dtype is not None else p.detach()) for n, p in params.items()}
-
-
-def flatten(tensors: Tensors, names: list[str]) -> torch.Tensor:
-    """Concatenate tensors in `names` order, each row-major (the order of `dense`)."""
-    return torch.cat([tensors[n].reshape(-1) for n in names])
-
-
-def unflatten(vec: torch.Tensor, like: Tensors) -> dict[str, torch.Tensor]:
-    """The inverse of `flatten` for tensors shaped like `like` (its key order)."""
-    out, i = {}, 0
-    for n, t in like.items():
-        out[n] = vec[i:i + t.numel()].reshape(t.shape)
-        i += t.numel()
-    if i != vec.numel():
-        raise ValueError(f"vector of length {vec.numel()} does not match parameters of total size {i}")
-    return out
 
 
 def _dot(a: Tensors, b: Tensors) -> torch.Tensor:
@@ -67,73 +33,6 @@ def _cos(a: Tensors, b: Tensors) -> float:
     return float(_dot(a, b)) / (na * nb)
 
 
-# ------------------------------------------------------------------ the truth
-def hvp(loss_fn: LossFn, params: Tensors, v: Tensors) -> dict[str, torch.Tensor]:
-    """H v by forward-over-reverse differentiation, in the parameters' dtype; H is never formed."""
-    p = _detached(params, None)
-    missing = [n for n in p if n not in v]
-    if missing:
-        raise KeyError(f"hvp: v lacks tensors for parameters {missing}")
-    tangent = {n: v[n].to(p[n].dtype) for n in p}
-    _, out = torch.func.jvp(torch.func.grad(loss_fn), (p,), (tangent,))
-    return out
-
-
-def gradient(loss_fn: LossFn, params: Tensors) -> dict[str, torch.Tensor]:
-    """The gradient of `loss_fn` at `params` (float64)."""
-    return torch.func.grad(loss_fn)(_detached(params))
-
-
-def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tensor:
-    """The P x P Hessian in float64, parameters in `params`' order, each tensor row-major.
-
-    Built column by column as H e_i (vmapped forward-over-reverse, `chunk_size` columns at a time, so
-    memory stays at chunk_size copies of the activations), then symmetrised.
-    """
-    p = _detached(params)
-    names = list(p)
-    sizes = [t.numel() for t in p.values()]
-    total = sum(sizes)
-    grad_fn = torch.func.grad(loss_fn)
-
-    def column(e: torch.Tensor) -> torch.Tensor:
-        tangent = unflatten(e, p)
-        _, out = torch.func.jvp(grad_fn, (p,), (tangent,))
-        return flatten(out, names)
-
-    eye = torch.eye(total, dtype=torch.float64)
-    h = torch.func.vmap(column, chunk_size=chunk_size)(eye)
-    return (h + h.T) / 2
-
-
-# ------------------------------------------------------------------ Symo's taylor estimate
-def taylor(s_g: Curvature, weights: Tensors, damping: float = 1e-6) -> Curvature:
-    """H = S_w^{-1} # S_g per isotypic block (docs/theory.md), S_w = R2(w - R1(w)) from `weights`.
-
-    This is the estimator the optimizer's `estimator="taylor"` uses: S_w is damped with
-    max(damping, 1e-8) * lambda_max before it is inverted (it is often rank deficient), and blocks
-    where S_w vanishes (the invariant, trivial blocks) fall back to S_g^{1/2}. The result is a
-    `Curvature` with dense factors: the commutant is an algebra, so the geometric mean stays in it.
-    """
-    compiled = s_g.compiled
-    w = {n: weights[n].detach() for n in compiled.param_names}
-    s_w = compiled.orbit_average(w, centered=True, check_finite=False)
-    delta = max(damping, 1e-8)
-    dense_factors = {}
-    for b in s_g.block_ids:
-        sg = s_g.factor(b).double()
-        if b in s_w.block_ids:
-            sw = s_w.factor(b).double()
-            lam = torch.linalg.matrix_norm(sw, ord=2, keepdim=True).clamp_min(1e-300)
-            eye = torch.eye(sw.shape[-1], dtype=sw.dtype)
-            h = geometric_mean(sym_power(sw + delta * lam * eye, -1.0), sg)
-            dense_factors[b] = (h + h.transpose(-1, -2)) / 2
-        else:
-            dense_factors[b] = sym_power(sg, 0.5)
-    return Curvature(compiled, dense_factors)
-
-
-# ------------------------------------------------------------------ comparison
 def _true_inverse_apply(evals: torch.Tensor, evecs: torch.Tensor, g: torch.Tensor, damping: float) -> torch.Tensor:
     """H^{-1} g for a symmetric (possibly indefinite) H with the estimators' damping convention:
     each eigenvalue moves away from zero by damping * max|lambda|; |lambda| at rounding level -> 0."""
@@ -310,5 +209,4 @@ class DenseEstimate:
         return self.matrix
 
 
-__all__ = ["DENSE_MAX", "FROBENIUS_MAX", "KFAC", "DenseEstimate", "Diagonal", "Identity", "Shampoo", "compare",
-           "dense", "flatten", "gradient", "hvp", "solve_cg", "taylor", "unflatten"]
+__all__ = ["DENSE_MAX", "FROBENIUS_MAX", "DenseEstimate", "compare", "solve_cg"]

@@ -25,8 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .compiler import Spec
-from .runtime.compiled import CompiledSpec
+from ..compiler import Spec, load_spec
+from ..runtime.compiled import CompiledSpec
+from ..runtime.compiled import compile as symo_compile
+from .problems import factored_problem
 
 OptimizerFactory = Callable[[list[tuple[str, torch.Tensor]]], torch.optim.Optimizer]
 
@@ -69,25 +71,6 @@ class EquivarianceReport:
         verdict = "EQUIVARIANT to float precision" if self.is_equivariant else "NOT equivariant"
         return (f"{verdict}: divergence ||A w_t - w'_t|| / ||w'_t|| = {self.first_step_defect:.2e} at step 1, "
                 f"{self.final_divergence:.2e} after {self.steps} steps (tolerance {self.tolerance:.0e})")
-
-
-def factored_problem(m: int = 6, n: int = 5, k: int = 4, rank: int = 2, measurements: int = 24,
-                     init_scale: float = 0.3, seed: int = 0
-                     ) -> tuple[dict[str, torch.Tensor], Callable[[Mapping[str, torch.Tensor]], torch.Tensor]]:
-    """A small float64 matrix-sensing problem W = U V^T: params {"U": m x k, "V": n x k} and its loss
-    mean((A vec(U V^T) - y)^2). Its O(k) gauge is specs/factored.toml."""
-    g = torch.Generator().manual_seed(seed)
-    target = torch.randn(m, rank, generator=g, dtype=torch.float64) @ torch.randn(
-        rank, n, generator=g, dtype=torch.float64) / math.sqrt(rank)
-    a = torch.randn(measurements, m * n, generator=g, dtype=torch.float64)
-    y = a @ target.reshape(-1)
-    params = {"U": init_scale * torch.randn(m, k, generator=g, dtype=torch.float64),
-              "V": init_scale * torch.randn(n, k, generator=g, dtype=torch.float64)}
-
-    def loss_fn(w: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return ((a @ (w["U"] @ w["V"].T).reshape(-1) - y) ** 2).mean()
-
-    return params, loss_fn
 
 
 class _Twin:
@@ -177,12 +160,9 @@ def _divergence(compiled: CompiledSpec, element, base: _Twin, twin: _Twin, names
 def _compile(spec, shapes, sizes) -> CompiledSpec:
     if isinstance(spec, CompiledSpec):
         return spec
-    from .compiler import load_spec
-    from .runtime.compiled import compile as symo_compile
-
     if isinstance(spec, (str, Path)):
         spec = load_spec(spec)
     return symo_compile(spec, {n: s for n, s in shapes.items()}, sizes=sizes)
 
 
-__all__ = ["EquivarianceReport", "check_equivariance", "factored_problem"]
+__all__ = ["EquivarianceReport", "OptimizerFactory", "check_equivariance"]

@@ -1,0 +1,80 @@
+"""The true Hessian of a small model, by torch.func in float64: `dense` (P x P), `hvp` (without forming
+it), `gradient`, and `flatten` / `unflatten` between {name: tensor} and the P-vector order of `dense`.
+
+`loss_fn(params_dict) -> scalar` must accept float64 tensors (cast the data to the parameters' dtype
+inside it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+Tensors = Mapping[str, torch.Tensor]
+LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+
+
+# ------------------------------------------------------------------ flattening
+def _detached(params: Tensors, dtype: torch.dtype | None = torch.float64) -> dict[str, torch.Tensor]:
+    if not params:
+        raise ValueError("params is empty: pass {name: tensor} for every parameter the loss depends on")
+    return {n: (p.detach().to(dtype) if dtype is not None else p.detach()) for n, p in params.items()}
+
+
+def flatten(tensors: Tensors, names: list[str]) -> torch.Tensor:
+    """Concatenate tensors in `names` order, each row-major (the order of `dense`)."""
+    return torch.cat([tensors[n].reshape(-1) for n in names])
+
+
+def unflatten(vec: torch.Tensor, like: Tensors) -> dict[str, torch.Tensor]:
+    """The inverse of `flatten` for tensors shaped like `like` (its key order)."""
+    out, i = {}, 0
+    for n, t in like.items():
+        out[n] = vec[i:i + t.numel()].reshape(t.shape)
+        i += t.numel()
+    if i != vec.numel():
+        raise ValueError(f"vector of length {vec.numel()} does not match parameters of total size {i}")
+    return out
+
+
+# ------------------------------------------------------------------ the truth
+def hvp(loss_fn: LossFn, params: Tensors, v: Tensors) -> dict[str, torch.Tensor]:
+    """H v by forward-over-reverse differentiation, in the parameters' dtype; H is never formed."""
+    p = _detached(params, None)
+    missing = [n for n in p if n not in v]
+    if missing:
+        raise KeyError(f"hvp: v lacks tensors for parameters {missing}")
+    tangent = {n: v[n].to(p[n].dtype) for n in p}
+    _, out = torch.func.jvp(torch.func.grad(loss_fn), (p,), (tangent,))
+    return out
+
+
+def gradient(loss_fn: LossFn, params: Tensors) -> dict[str, torch.Tensor]:
+    """The gradient of `loss_fn` at `params` (float64)."""
+    return torch.func.grad(loss_fn)(_detached(params))
+
+
+def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tensor:
+    """The P x P Hessian in float64, parameters in `params`' order, each tensor row-major.
+
+    Built column by column as H e_i (vmapped forward-over-reverse, `chunk_size` columns at a time, so
+    memory stays at chunk_size copies of the activations), then symmetrised.
+    """
+    p = _detached(params)
+    names = list(p)
+    sizes = [t.numel() for t in p.values()]
+    total = sum(sizes)
+    grad_fn = torch.func.grad(loss_fn)
+
+    def column(e: torch.Tensor) -> torch.Tensor:
+        tangent = unflatten(e, p)
+        _, out = torch.func.jvp(grad_fn, (p,), (tangent,))
+        return flatten(out, names)
+
+    eye = torch.eye(total, dtype=torch.float64)
+    h = torch.func.vmap(column, chunk_size=chunk_size)(eye)
+    return (h + h.T) / 2
+
+
+__all__ = ["LossFn", "Tensors", "dense", "flatten", "gradient", "hvp", "unflatten"]

@@ -1,0 +1,117 @@
+"""The matrix-function backends of the Symo step, per block (the linear algebra is symo.runtime.linalg).
+
+- `single_statistic_apply`: S^{power} Y when S is this step's statistic alone (the Muon path): the
+  polar factor by Newton–Schulz, or the Gram side's eigh.
+- `stored_power`: A^{power} of a stored (averaged) statistic, by eigh or the coupled Newton–Schulz
+  iteration, retried in float64 and never silently non-finite.
+- `taylor_power`: the taylor estimator's H = S_w^{-1} # S_g, raised to 2 power.
+- `finish`: the update-scale convention applied to a block's result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..runtime.compiled import NonFiniteUpdateError
+from ..runtime.linalg import (
+    FLOAT64_EIGH_MAX,
+    gram_power_apply,
+    inv_sqrt_newton_schulz,
+    lowrank_power_apply,
+    newton_schulz,
+    newton_schulz_spectral,
+    ns_inverse_root_is_accurate,
+    spectral_ns_is_cheaper,
+    sym_power,
+    taylor_mean,
+)
+from .config import SymoConfig
+from .plan import BlockPlan
+
+
+def single_statistic_apply(y: torch.Tensor, ys: torch.Tensor, c: BlockPlan, cfg: SymoConfig,
+                           stats_dtype: torch.dtype) -> torch.Tensor:
+    """S^{power} Y with S this step's statistic alone (ys: its coordinates, maybe Y itself), finished."""
+    absolute = cfg.damping_mode == "absolute"
+    if ys is y:
+        if c.backend == "newton_schulz":
+            # batch 1 (a whole matrix): plain 2-D GEMMs, faster than bmm and rounding like Muon's
+            y2 = y[0] if y.shape[0] == 1 else y
+            if c.transposed:
+                # Y = G^T of one square matrix: iterate on G, as Muon does (the same map, rounded alike)
+                y2 = y2.transpose(-1, -2)
+            if ns_method(y2.shape, y2.device, cfg) == "spectral":
+                z = newton_schulz_spectral(y2, cfg.ns_steps, cfg.ns_coeffs)
+            else:
+                work = y2.to(torch.bfloat16) if cfg.ns_dtype == "bfloat16" else y2
+                z = newton_schulz(work, cfg.ns_steps, cfg.ns_coeffs).to(y.dtype)
+            z = (z.transpose(-1, -2) if c.transposed else z).reshape(y.shape)
+            # sqrt(d) polar(Y) is the natural scale; fold it into the convention's factor
+            return finish(z, c, cfg, last=True, extra=math.sqrt(c.dim))
+        z = gram_power_apply(y, cfg.power, c.dim, cfg.damping, absolute=absolute)
+    else:  # a statistic other than Y (source="gradient"): formed and powered in stats_dtype
+        ys, y64 = ys.to(stats_dtype), y.to(stats_dtype)
+        if ys.shape[-2] <= ys.shape[-1]:
+            a = ys @ ys.transpose(-1, -2) / c.dim
+            z = stored_power(a, cfg.power, cfg, c.backend, c.where) @ y64
+        else:
+            z = lowrank_power_apply(ys / math.sqrt(c.dim), y64, cfg.power, cfg.damping, absolute=absolute)
+        z = z.to(y.dtype)
+    return finish(z, c, cfg, last=True)
+
+
+def ns_method(shape: tuple[int, ...] | torch.Size, device: torch.device, cfg: SymoConfig) -> str:
+    """iterate or spectral for a Newton-Schulz call on a (..., m, n) block (see SymoConfig.ns_method)."""
+    if cfg.ns_method != "auto":
+        return cfg.ns_method
+    cheap = device.type == "cpu" and cfg.ns_dtype == "float32" and spectral_ns_is_cheaper(shape)
+    return "spectral" if cheap else "iterate"
+
+
+def finish(z: torch.Tensor, c: BlockPlan, cfg: SymoConfig, last: bool, extra: float = 1.0) -> torch.Tensor:
+    """The block's update scale (times `extra`), and for update_scale="adamw" the RMS matching."""
+    scale = c.scale * extra
+    z = z * scale if scale != 1.0 else z
+    if last and cfg.update_scale == "adamw":
+        rms = z.norm(dim=(-2, -1), keepdim=True) / math.sqrt(c.dof)
+        z = z * (cfg.adamw_rms / rms.clamp_min(1e-30))
+    return z
+
+
+def stored_power(a: torch.Tensor, power: float, cfg: SymoConfig, backend: str, where: str) -> torch.Tensor:
+    """A^power of a stored statistic by the block's backend, never diverging.
+
+    The coupled Newton–Schulz iteration runs only where its damping makes it accurate (it cannot form
+    a pseudo-inverse); eigh elsewhere. A non-finite result is retried by a float64 eigh; if that too
+    is non-finite, NonFiniteUpdateError names the block and the backend."""
+    absolute = cfg.damping_mode == "absolute"
+    if backend == "newton_schulz" and ns_inverse_root_is_accurate(a, cfg.ns_inverse_steps, cfg.damping, absolute):
+        out = inv_sqrt_newton_schulz(a, cfg.ns_inverse_steps, cfg.damping, absolute=absolute)
+    else:
+        out = sym_power(a, power, cfg.damping, FLOAT64_EIGH_MAX, absolute=absolute)
+    if bool(torch.isfinite(out).all()):
+        return out
+    if bool(torch.isfinite(a).all()):
+        out = sym_power(a.to(torch.float64), power, cfg.damping, FLOAT64_EIGH_MAX, absolute=absolute).to(a.dtype)
+        if bool(torch.isfinite(out).all()):
+            return out
+    raise NonFiniteUpdateError(
+        f"Symo's curvature power for {where} came out NaN/inf (backend {backend}, statistic dtype {a.dtype}, "
+        f"statistic {'finite' if bool(torch.isfinite(a).all()) else 'non-finite'}) although the gradients were "
+        "finite; this is the optimizer's numerics, not your gradient: use stats_dtype='float64' and "
+        "backend='eigh', or add damping")
+
+
+def taylor_power(sg: torch.Tensor, sw: torch.Tensor, power: float, damping: float, absolute: bool) -> torch.Tensor:
+    """H = S_w^{-1} # S_g (solves H S_w H = S_g), then H^{2 power}; S_w is fully damped first (damping at
+    least 1e-8, relative to its largest eigenvalue unless `absolute`)."""
+    h = taylor_mean(sg, sw, damping, absolute)
+    evals, evecs = torch.linalg.eigh(h.double())
+    # H is a square root of S_g-like data: rounding zeros of S_g come out at sqrt(eps) * lambda_max
+    lam = evals.amax(-1, keepdim=True).clamp_min(0)
+    keep = evals > lam * math.sqrt(h.shape[-1] * torch.finfo(sg.dtype).eps)
+    shift = damping if absolute else damping * lam
+    f = torch.where(keep, (evals.clamp_min(0) + shift).pow(2 * power), torch.zeros_like(evals))
+    return ((evecs * f.unsqueeze(-2)) @ evecs.transpose(-1, -2)).to(sg.dtype)
