@@ -13,72 +13,22 @@ import sys
 import threading
 from typing import Any
 
-from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig
+import torch.distributed as dist
+
+from .. import train as training  # the package attribute `training.train`, so tests can stand in for train()
+from ..compiler import SpecError
+from ..train.checkpoint import CheckpointError
+from ..train.config import TrainConfig
+from ..train.data import DataError
 from ..train.events import RunStart, StepReport, TrainInterrupted, TrainObserver
 from ..train.progress import progress
 from .common import _describe
 
-
-def add_train_parser(sub) -> None:
-    """`symo train`: every TrainConfig field as a --flag (symo/train/config.py)."""
-    t = sub.add_parser("train", help="train a small GPT on Shakespeare (or --data FILE) with Symo, Muon or AdamW",
-                       description="Train a nanoGPT-shaped character model. Under torchrun it runs with DDP.")
-    helps = {
-        "data": "UTF-8 text file (default: the bundled Shakespeare plays)",
-        "out_dir": "run folder for log.csv, loss.png, ckpt.pt (default runs/<data>-<optimizer>-<time>)",
-        "optimizer": f"one of {', '.join(OPTIMIZERS)}",
-        "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
-        "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
-        "preset": "Symo's preset: paper (averaged S^-1/2, no momentum, float64 powers), muon or shampoo; "
-                  "default: Muon's options at Muon's scale; --lr defaults to the preset's rate",
-        "lr": "learning rate of the hidden matrices (AdamW: of all parameters); default "
-              + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()),
-        "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
-        "warmup": "linear warm-up steps (then cosine decay to --min-lr-ratio x lr)",
-        "batch_size": "global batch (divided among processes)",
-        "eval_interval": "steps between validation losses (and checkpoints)",
-        "device": "cpu or cuda",
-        "compile": "torch.compile the model",
-        "resume": "continue the run in RUN_DIR (or --out-dir) from its ckpt.pt, bit-identically; every option not "
-                  "given is taken from the checkpoint",
-        "cache_dir": "encoded-corpus cache folder (default: platform cache, or $SYMO_DATA_CACHE)",
-        "sample_chars": "characters sampled at the end (0: none)",
-        "threads": "torch CPU threads per process",
-        "ns_method": "Symo: Newton-Schulz as the iteration (iterate), through one eigh (spectral), or auto "
-                     "(spectral on CPU where cheaper); default %(default)s",
-    }
-    # Defaults are left out of the namespace (SUPPRESS): `--resume RUN_DIR` takes every option not given
-    # from the checkpoint, so the options given must be told apart from the defaults.
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        text = helps.get(f.name, "(default %(default)s)").replace("%(default)s", str(f.default))
-        if f.name == "bias":
-            t.add_argument("--no-bias", dest="bias", action="store_false", default=argparse.SUPPRESS,
-                           help="no biases in Linear / LayerNorm")
-        elif f.name == "progress":
-            t.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS,
-                           help="no progress bar (the results, the sample and the paths are still printed)")
-        elif f.name == "resume":
-            t.add_argument(flag, nargs="?", const=True, default=argparse.SUPPRESS, metavar="RUN_DIR", help=text)
-        elif f.type in ("bool", bool):
-            t.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=text)
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
-            t.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text,
-                           choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral"),
-                                    "preset": ("paper", "muon", "shampoo")}.get(f.name))
-    t.set_defaults(run=_run_train)
+__all__ = ["ConsoleReport", "train_command"]
 
 
-def _run_train(args: argparse.Namespace) -> int:
-    # heavy (torch, sympy, networkx): imported when the command runs, not for `symo --help`
-    import torch.distributed as dist
-
-    from .. import train as training  # the package attribute, so tests can stand in for train()
-    from ..compiler import SpecError
-    from ..train.checkpoint import CheckpointError
-    from ..train.data import DataError
-
+def train_command(args: argparse.Namespace) -> int:
+    """`symo train ...`: train with the options given (and, with --resume RUN_DIR, the run's others)."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     try:
         options = dict(given)
