@@ -102,6 +102,10 @@ _MOVED: dict[str, str] = {
 }
 
 
+# public names that live in a room but stay importable from the root without a warning
+_PUBLIC_ALIASES = {"symo.models"}
+
+
 class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Resolves a moved module's old name to the module at its new place (the same module object, so
     `symo.models.GPT is symo.train.models.GPT`), with a DeprecationWarning naming the new place."""
@@ -116,8 +120,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         new = _MOVED[spec.name]
-        warnings.warn(f"{spec.name} moved to {new}; import it from there (the old name goes away in the next "
-                      f"release)", DeprecationWarning, stacklevel=2)
+        if spec.name not in _PUBLIC_ALIASES:
+            warnings.warn(f"{spec.name} moved to {new}; import it from there (the old name goes away in the next "
+                          f"release)", DeprecationWarning, stacklevel=2)
         module = importlib.import_module(new)
         self._specs[spec.name] = module.__spec__  # importlib overwrites __spec__ with the alias's
         return module

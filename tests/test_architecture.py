@@ -12,11 +12,15 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+
+import symo
 
 REPO = Path(__file__).resolve().parents[1]
 # package prefix -> room; a lower number is a lower room
@@ -188,3 +192,19 @@ def test_import_symo_loads_no_sympy_networkx_or_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"import symo loaded {out.stdout.strip()}"
+
+
+@pytest.mark.parametrize("old", sorted(symo._MOVED))
+def test_a_moved_module_keeps_its_old_path_with_a_warning(old: str) -> None:
+    new = symo._MOVED[old]
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new) and module.__spec__.name == new
+    moved = [w for w in caught if issubclass(w.category, DeprecationWarning) and new in str(w.message)]
+    if old in symo._PUBLIC_ALIASES:
+        assert not moved, f"{old} is public: no warning"
+    else:
+        assert moved, f"{old}: no DeprecationWarning naming {new}"
+        assert f"`{old}` | `{new}`" in (REPO / "README.md").read_text(), f"the README's list lacks {old}"

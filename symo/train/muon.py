@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from ..optim.adamw import adamw_step
 from ..runtime.linalg import MUON_COEFFS, newton_schulz
 
 
@@ -64,7 +65,10 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            (self._muon if group["kind"] == "muon" else self._adamw)(group)
+            if group["kind"] == "muon":
+                self._muon(group)
+            else:
+                adamw_step(group, self.state)  # the library's one AdamW (moments in float32 at least)
         return loss
 
     def _muon(self, group: dict) -> None:
@@ -82,21 +86,3 @@ class Muon(torch.optim.Optimizer):
             u = u * max(1.0, u.shape[0] / u.shape[1]) ** 0.5
             p.mul_(1 - group["lr"] * group["weight_decay"])
             p.add_(u.reshape(p.shape).to(p.dtype), alpha=-group["lr"])
-
-    def _adamw(self, group: dict) -> None:
-        beta1, beta2 = group["betas"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            st = self.state[p]
-            if "step" not in st:
-                st["step"] = torch.zeros((), dtype=torch.float32)
-                st["exp_avg"] = torch.zeros_like(p)
-                st["exp_avg_sq"] = torch.zeros_like(p)
-            st["step"] += 1
-            t = float(st["step"])
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-            st["exp_avg"].lerp_(p.grad, 1 - beta1)
-            st["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-            denom = (st["exp_avg_sq"].sqrt() / (1 - beta2 ** t) ** 0.5).add_(group["eps"])
-            p.addcdiv_(st["exp_avg"], denom, value=-group["lr"] / (1 - beta1 ** t))
