@@ -1,6 +1,6 @@
 """Compile time of the GPT spec and the cost of S^{-1/2} g on a Muon-style matrix.
 
-    python benchmarks/compile_and_apply.py [--reps 7] [--size 1024]
+    python -m benchmarks.compile_and_apply [--reps 7] [--size 1024]
 
 1. Compile specs/gpt.toml for GPT-2 small shapes (12 layers): cold in a fresh interpreter (imports
    included), cold in-process (empty caches), warm from the disk cache (fresh interpreter), warm from
@@ -32,14 +32,12 @@ import time
 from pathlib import Path
 
 import torch
+from symo.compiler import _MEMORY
+
+import symo
+from symo.train.models import GPT, GPTConfig, gpt2_124m
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from symo.compiler import _MEMORY  # noqa: E402
-
-import symo  # noqa: E402
-from symo.train.models import GPT, GPTConfig, gpt2_124m  # noqa: E402
 
 GPT_SPEC = ROOT / "specs" / "gpt.toml"
 MUON_SPEC = '[spaces]\nr = { group = "signed_perm" }\n[params]\n"w" = ["r", "_"]\n'
@@ -260,7 +258,7 @@ def main() -> None:
         sweep, xl, lines = depth_entry(reps=args.depth_reps)
         write_json("compile_depth", sweep)
         write_json("compile_gpt2_xl", xl)
-        lines[1:1] = [f"Command: `python benchmarks/compile_and_apply.py --depth-only --depth-reps {args.depth_reps}` "
+        lines[1:1] = [f"Command: `python -m benchmarks.compile_and_apply --depth-only --depth-reps {args.depth_reps}` "
                       "(the measurements above this section are from the last full run)", ""]
         path = ROOT / "benchmarks" / "results" / "compile_and_apply.md"
         old = path.read_text().split("\nDepth sweep:")[0].rstrip("\n") if path.exists() else ""
@@ -270,7 +268,7 @@ def main() -> None:
     if args.rnn_only:  # replace the RNN section of the table, keep the other measurements
         result, lines = rnn_entry(args.reps)
         write_json("rnn", result)
-        lines[2:2] = ["", f"Command: `python benchmarks/compile_and_apply.py --rnn-only --reps {args.reps}`"]
+        lines[2:2] = ["", f"Command: `python -m benchmarks.compile_and_apply --rnn-only --reps {args.reps}`"]
         path = ROOT / "benchmarks" / "results" / "compile_and_apply.md"
         before, _, after = path.read_text().partition("\nTanh RNN (tier 2") if path.exists() else ("", "", "")
         depth = "\nDepth sweep:" + after.split("\nDepth sweep:", 1)[1] if "\nDepth sweep:" in after else ""
@@ -334,7 +332,7 @@ def main() -> None:
     ]
     ratio = t_symo / t_direct
 
-    lines = [f"Command: `python benchmarks/compile_and_apply.py --reps {args.reps} --size {n}`",
+    lines = [f"Command: `python -m benchmarks.compile_and_apply --reps {args.reps} --size {n}`",
              f"torch {torch.__version__}, {torch.get_num_threads()} threads", "",
              "| measurement | seconds | target |", "|---|---|---|"]
     lines += [f"| {name} | {sec:.4f} | {target} |" for name, sec, target in rows]

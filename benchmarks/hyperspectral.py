@@ -1,10 +1,10 @@
 """Hyperspectral completion on the real Indian Pines cube (the published protocol of Singh 2026, §5): held-out error of
 GD, Adam, shared-scalar Adam, Muon and Symo (O(k) gauge) at matched training-loss levels.
 
-    python benchmarks/hyperspectral.py                       # protocol sizes (long)
-    python benchmarks/hyperspectral.py --pixels 500 --max-steps 2000 --grid small   # a reduced run
-    python benchmarks/hyperspectral.py --quick               # seconds, to a temp dir
-    python benchmarks/hyperspectral.py --extra-rates gd=100 --merge-from RUNS.json   # reuses RUNS' runs
+    python -m benchmarks.hyperspectral                       # protocol sizes (long)
+    python -m benchmarks.hyperspectral --pixels 500 --max-steps 2000 --grid small   # a reduced run
+    python -m benchmarks.hyperspectral --quick               # seconds, to a temp dir
+    python -m benchmarks.hyperspectral --extra-rates gd=100 --merge-from RUNS.json   # reuses RUNS' runs
 
 Data: the Indian Pines corrected cube (145 x 145 x 200) shipped inside tensorly 0.10.0
 (`tensorly.datasets.load_indian_pines`, read from the package, no download). Source, as the data file
@@ -34,10 +34,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import sensing_core as sc
 from symo.train.progress import progress as tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sensing_core as sc  # noqa: E402
 
 RANK = 48
 LEVELS = (3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
@@ -159,7 +157,7 @@ def _legacy_commands(runs_file: Path) -> list[list]:
     """The command and seconds of a runs file written before it stored them: from the md beside it."""
     md = runs_file.with_name("hyperspectral.md")
     text = md.read_text() if md.exists() else ""
-    return [[c, float(sec)] for c, sec in re.findall(r"`(python benchmarks/hyperspectral\.py[^`]*)` \((\d+) s\)", text)]
+    return [[c, float(sec)] for c, sec in re.findall(r"`(python -m benchmarks\.hyperspectral[^`]*)` \((\d+) s\)", text)]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -185,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.extra_rates:
         grids = {r: tuple(sorted(set(g) | set(parse_rates(args.extra_rates).get(r, ())))) for r, g in grids.items()}
     densities = DENSITIES[1:] if args.quick else DENSITIES
-    command = "python benchmarks/hyperspectral.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.hyperspectral " + " ".join(argv if argv is not None else sys.argv[1:])
     t0 = time.time()
     base = {"n_pixels": args.pixels, "max_steps": args.max_steps}
     commands: list[list] = []

@@ -2,8 +2,8 @@
 reference, the anisotropy dial, and the spectral tail, with each rule's gauge-equivariance verdict from
 `symo.check_equivariance`.
 
-    python benchmarks/matrix_sensing.py --part zoo         # then nuclear, dial, tail (or --part all)
-    python benchmarks/matrix_sensing.py --quick            # seconds: every part at toy length, to a temp dir
+    python -m benchmarks.matrix_sensing --part zoo         # then nuclear, dial, tail (or --part all)
+    python -m benchmarks.matrix_sensing --quick            # seconds: every part at toy length, to a temp dir
 
 40 x 40 target of rank 3, factors 40 x 40, m = 462 Gaussian measurements, init 1e-3, seeds 42 123 456,
 float32 on CPU. Independent runs go to a process pool of 2 (one thread each). Each part updates
@@ -25,12 +25,9 @@ from pathlib import Path
 
 import torch
 
+import symo
+from benchmarks import sensing_core as sc
 from symo.train.progress import progress as tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sensing_core as sc  # noqa: E402
-
-import symo  # noqa: E402
 
 SEEDS = (42, 123, 456)
 ZOO_GRIDS = {
@@ -375,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise SystemExit(f"--part: unknown {unknown}; choose from {list(PARTS)} or all")
-    command = "python benchmarks/matrix_sensing.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.matrix_sensing " + " ".join(argv if argv is not None else sys.argv[1:])
     path = out / "matrix_sensing.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     data.setdefault("commands", [])

@@ -9,8 +9,8 @@ Same model, data, batch, schedule (warm-up + cosine) and step budget for every o
 4. ms/step: all optimizers timed in one process, interleaved rounds of forward + backward + step on
    the same batch (1 thread), as ratios to AdamW.
 
-    python benchmarks/nanogpt_compare.py --seeds 3        # writes benchmarks/results/nanogpt_compare.{md,json,png}
-    python benchmarks/nanogpt_compare.py --steps 200 --quick-grid   # a smoke run
+    python -m benchmarks.nanogpt_compare --seeds 3        # writes benchmarks/results/nanogpt_compare.{md,json,png}
+    python -m benchmarks.nanogpt_compare --steps 200 --quick-grid   # a smoke run
 
 Defaults: the issue's model (4 layers, 4 heads, d_model 128) at context 64 and batch 16 (a quarter of
 the issue's 128 x 32 tokens per step, to fit a shared 2-core machine), 500 steps.
@@ -265,7 +265,7 @@ def report(args, variants, grids, grid_done, chosen, runs, ms, train_minutes, ar
         i = argv.index("--note")
         del argv[i:i + 2]
     argv = [a for a in argv if a not in ("--report-only", "--reuse-timing")]
-    command = "python benchmarks/nanogpt_compare.py " + " ".join(argv)
+    command = "python -m benchmarks.nanogpt_compare " + " ".join(argv)
     worker_minutes = sum(r["wall_s"] for r in runs.values()) / 60
     out = {"target": target, "optimizers": summary,
            "setup": {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd",

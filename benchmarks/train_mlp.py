@@ -13,7 +13,7 @@ Every optimizer's learning rate decays to zero on a cosine over the run (normali
 Symo's and Muon's need a decay to settle). Steps to target: the first evaluation at which the
 seed-mean test loss is within 5% of the tuned Adam's final seed-mean test loss.
 
-    python benchmarks/train_mlp.py                 # both parts; --part mlp | autoencoder; --quick
+    python -m benchmarks.train_mlp                 # both parts; --part mlp | autoencoder; --quick
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -30,11 +29,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mlp_common as mc  # noqa: E402
-
-import symo  # noqa: E402
-from symo import hessian  # noqa: E402
+import symo
+from benchmarks import mlp_common as mc
+from symo import hessian
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OPTIMIZERS = ["symo", "symo_paper", "muon", "shampoo", "kfac", "adam", "gd"]
@@ -338,7 +335,7 @@ def main() -> None:
         return {k: (v[1:3] if args.quick else v) for k, v in base.items()}
 
     seeds = 1 if args.quick else args.seeds
-    cmd = "python benchmarks/train_mlp.py" + (f" --part {args.part}" if args.part != "both" else "") + (
+    cmd = "python -m benchmarks.train_mlp" + (f" --part {args.part}" if args.part != "both" else "") + (
         " --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
     kinds = OPTIMIZERS if not args.only else args.only.split(",")
     unknown = sorted(set(kinds) - set(OPTIMIZERS))

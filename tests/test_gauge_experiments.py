@@ -5,13 +5,11 @@ import json
 
 import pytest
 import torch
-from bench_loader import load_benchmark, one_thread  # noqa: F401  (one_thread: a fixture)
 from torch.nn import functional as F
 
 import symo
-
-tw = load_benchmark("gauge_twins")
-hs = load_benchmark("hyperspectral")
+from benchmarks import gauge_twins as tw
+from benchmarks import hyperspectral as hs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,9 +5,9 @@ import math
 
 import pytest
 import torch
-from bench_loader import load_benchmark, one_thread  # noqa: F401  (one_thread: a fixture)
 
-sc = load_benchmark("sensing_core")
+from benchmarks import matrix_sensing as ms
+from benchmarks import sensing_core as sc
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -91,7 +91,6 @@ def test_select_lr_prefers_interpolating_runs():
 
 
 def test_quick_mode_writes_the_outputs(tmp_path):
-    ms = load_benchmark("matrix_sensing")
     data = ms.main(["--quick", "--part", "nuclear", "--workers", "1", "--out", str(tmp_path)])
     assert data["nuclear_norm"]["recovery_mean"] < 1e-3
     assert (tmp_path / "matrix_sensing.md").exists() and (tmp_path / "matrix_sensing.json").exists()
@@ -100,7 +99,6 @@ def test_quick_mode_writes_the_outputs(tmp_path):
 def test_tail_grid_extension_joins_the_tail_on_merge(tmp_path):
     """--tail-grid runs one more rate to another --out; --merge-from with --join-tail re-selects every
     (tau, rule) over the union of both runs (without it the merged tail replaces --out's tail)."""
-    ms = load_benchmark("matrix_sensing")
     base, ext = tmp_path / "base", tmp_path / "ext"
     ms.main(["--quick", "--part", "tail", "--tail-arms", "gd", "--workers", "1", "--out", str(base)])
     ms.main(["--quick", "--part", "tail", "--tail-arms", "gd", "--tail-grid", "gd=0.003", "--workers", "1",
@@ -119,7 +117,6 @@ def test_replace_zoo_rules_on_merge(tmp_path):
     merge keeps the runs already held for the same (rule, lr, seed))."""
     import json
 
-    ms = load_benchmark("matrix_sensing")
     base, ext = tmp_path / "base", tmp_path / "ext"
     grid = ["--zoo-grid", "adafactor=0.001,gd=0.03"]
     ms.main(["--quick", "--part", "zoo", *grid, "--workers", "1", "--out", str(base)])
