@@ -1,4 +1,4 @@
-"""benchmarks/gauge_twins.py and benchmarks/hyperspectral.py (issue 11): the pieces the full runs rely on."""
+"""benchmarks/gauge_twins.py and benchmarks/hyperspectral.py: the pieces the full runs rely on."""
 
 
 import json

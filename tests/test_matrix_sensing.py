@@ -1,4 +1,4 @@
-"""benchmarks/matrix_sensing.py (issue 11): problem generation, the nuclear-norm reference, and the batched
+"""benchmarks/matrix_sensing.py: problem generation, the nuclear-norm reference, and the batched
 trainer used by the dial and the tail against the zoo optimizers and symo.Symo run one at a time."""
 
 import math
