@@ -128,6 +128,8 @@ OUTSIDE = re.compile(r"MATH\.md|\bissues? #?[0-9]+|\.\./shared", re.IGNORECASE)
 # (a {md,json} alternation or a * stands for the files it names)
 WRITTEN_PATH = re.compile(r"(?<![\w./-])((?:\.\./)*(?:docs|benchmarks|tests|symo|compiler|specs|scripts|\.ci)/"
                           r"(?:[\w./-]|\{[\w,.]+\}|\*)*(?:[\w*]|\{[\w,.]+\})|(?:\.\./)+[\w.-]+)")
+# A markdown file named without its folder (e.g. theory.md) must be one of the repository's.
+MD_NAME = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
 # Written by the split of symo/ into rooms, which names it before it lands; remove once it exists.
 PENDING = {"docs/architecture.md"}
 
@@ -168,7 +170,9 @@ def test_tracked_files_stay_inside_the_repository() -> None:
     package_dir = re.search(r"\[tool\.setuptools\.package-dir\]\n((?:.+\n)+)", (REPO / "pyproject.toml").read_text())
     installed_as = {k.replace(".", "/"): v for k, v in re.findall(r'"([\w.]+)" = "([\w/]+)"', package_dir.group(1))}
     problems = []
-    for path in _tracked_text_files():
+    files = _tracked_text_files()
+    md_names = {p.name for p in files if p.suffix == ".md"} | {Path(p).name for p in PENDING}
+    for path in files:
         name = path.relative_to(REPO).as_posix()
         try:
             text = path.read_text(encoding="utf-8")
@@ -176,6 +180,7 @@ def test_tracked_files_stay_inside_the_repository() -> None:
             continue
         if path != Path(__file__).resolve():
             problems += [(name, m.group(0)) for m in OUTSIDE.finditer(text)]
+            problems += [(name, md) for md in MD_NAME.findall(text) if md not in md_names]
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
             if target.startswith(("http:", "https:", "/")):
                 problems.append((name, target))
