@@ -178,13 +178,17 @@ class RunCache:
         return [r for r in self.runs if run_key(r) in wanted]
 
     def compute_missing(self, planned: list[dict], part: str, workers: int) -> None:
-        """Run the planned runs the cache lacks: one task per (rule, rate, tau, p) with its missing seeds."""
-        groups: dict[tuple, list[int]] = {}
+        """Run the planned runs the cache lacks: one task per (rule, tau, p) and set of missing seeds, batched
+        over the rates that miss those seeds."""
+        seeds_of: dict[tuple, list[int]] = {}
         for p in planned:
             if run_key(p) not in self.keys:
-                groups.setdefault(run_key(p)[1:3] + run_key(p)[4:], []).append(p["seed"])
-        tasks = [t for (rule, lr, tau, p, steps), seeds in groups.items()
-                 for t in tasks_of(part, rule, lr, seeds, tau, p, steps)]
+                seeds_of.setdefault((p["rule"], p["tau"], p["p"], p["max_steps"], p["lr"]), []).append(p["seed"])
+        groups: dict[tuple, list[float]] = {}
+        for (*cell, lr), seeds in seeds_of.items():
+            groups.setdefault((*cell, tuple(seeds)), []).append(lr)
+        tasks = [t for (rule, tau, p, steps, seeds), lrs in groups.items()
+                 for t in tasks_of(part, rule, lrs, list(seeds), tau, p, steps)]
         if tasks:
             steps = {t["max_steps"] for t in tasks}.pop()
             run_pool(tasks, part, workers, lambda runs: self.add(runs, part, steps))
@@ -217,19 +221,19 @@ def planned_runs(part: str, quick: bool) -> list[dict]:
             for rule, lr, tau, p in cells for s in seeds]
 
 
-def tasks_of(part: str, rule: str, lr: float, seeds: list[int], tau, p, steps: int) -> list[dict]:
-    """The training calls that compute (rule, lr, tau, p) on `seeds`: zoo rules one seed at a time (their
-    optimizers are not batched), the dial and the tail all seeds at once."""
+def tasks_of(part: str, rule: str, lrs: list[float], seeds: list[int], tau, p, steps: int) -> list[dict]:
+    """The training calls that compute (rule, tau, p) at `lrs` on `seeds`: zoo rules one run at a time
+    (their optimizers are not batched), the dial and the tail as one batch."""
     if part == "zoo":
         return [{"rule": rule, "lr": lr, "seed": s, "max_steps": steps, "schedule": sc.schedule_of(rule)}
-                for s in seeds]
+                for lr in lrs for s in seeds]
     if part == "dial":
-        return [{"kind": "batched", "rule": "adam_p", "lrs": [lr], "seeds": seeds, "p": p, "max_steps": steps}]
+        return [{"kind": "batched", "rule": "adam_p", "lrs": lrs, "seeds": seeds, "p": p, "max_steps": steps}]
     if rule in SYMO_TAIL_ARMS:
         arm = {k: v for k, v in SYMO_TAIL_ARMS[rule].items() if k != "lrs"}
-        return [{"kind": "batched", "rule": "symo_p", "lrs": [lr], "seeds": seeds, "tau": tau, "max_steps": steps,
+        return [{"kind": "batched", "rule": "symo_p", "lrs": lrs, "seeds": seeds, "tau": tau, "max_steps": steps,
                  "label": rule, **arm}]
-    return [{"kind": "batched", "rule": rule, "lrs": [lr], "seeds": seeds, "tau": tau, "max_steps": steps,
+    return [{"kind": "batched", "rule": rule, "lrs": lrs, "seeds": seeds, "tau": tau, "max_steps": steps,
              "schedule": sc.schedule_of(rule, tail=True)}]
 
 

@@ -125,14 +125,14 @@ def test_a_grid_extension_computes_only_the_new_rate_and_reselects_over_both(tmp
     monkeypatch.setattr(sc, "train_batched", lambda *a, **k: calls.append(k["lrs"]) or train_batched(*a, **k))
     cache = ms.RunCache(tmp_path / "matrix_sensing_runs.json")
     cache.compute_missing(_gd_tail((0.01,)), "tail", workers=1)
-    assert calls == [[0.01], [0.01]]
+    assert calls == [[0.01], [0.01]]  # one batch per tau
     cache = ms.RunCache(tmp_path / "matrix_sensing_runs.json")  # as a second invocation reads it
-    cache.compute_missing(_gd_tail((0.003, 0.01)), "tail", workers=1)
-    assert calls[2:] == [[0.003], [0.003]]
-    tail = ms.summarize_tail(cache.select(_gd_tail((0.003, 0.01))))
-    assert {t["tau"] for t in tail} == {0.0, 0.2} and all(t["grid"] == [0.003, 0.01] for t in tail)
-    cache.compute_missing(_gd_tail((0.003, 0.01)), "tail", workers=1)
-    assert len(calls) == 4 and len(cache.runs) == 4
+    cache.compute_missing(_gd_tail((0.003, 0.01, 0.03)), "tail", workers=1)
+    assert calls[2:] == [[0.003, 0.03], [0.003, 0.03]]  # the new rates only, batched
+    tail = ms.summarize_tail(cache.select(_gd_tail((0.003, 0.01, 0.03))))
+    assert {t["tau"] for t in tail} == {0.0, 0.2} and all(t["grid"] == [0.003, 0.01, 0.03] for t in tail)
+    cache.compute_missing(_gd_tail((0.003, 0.01, 0.03)), "tail", workers=1)
+    assert len(calls) == 4 and len(cache.runs) == 6
 
 
 def test_cached_runs_are_kept_until_deleted_from_the_cache(tmp_path):
