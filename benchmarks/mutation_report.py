@@ -5,7 +5,7 @@ total, and every survivor with its diff and the reason it is harmless, read from
 benchmarks/mutation_survivors.json ({mutant name: reason}); a survivor without a reason is marked
 "UNEXPLAINED".
 
-    python benchmarks/mutation_report.py --workdir /tmp/symo-mutation --out benchmarks/results
+    python -m benchmarks.mutation_report --workdir /tmp/symo-mutation --out benchmarks/results
 """
 
 from __future__ import annotations

@@ -77,4 +77,4 @@ PYEOF
   --report) ;;
   *) echo "usage: $0 [--sample N | --rerun-survivors | --report]" >&2; exit 2 ;;
 esac
-"$PY" "$REPO/benchmarks/mutation_report.py" --workdir "$WORK" --out "$REPO/benchmarks/results"
+(cd "$REPO" && "$PY" -m benchmarks.mutation_report --workdir "$WORK" --out "$REPO/benchmarks/results")
