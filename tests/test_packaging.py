@@ -132,10 +132,10 @@ WRITTEN_PATH = re.compile(r"(?<![\w./-])((?:\.\./)*(?:docs|benchmarks|tests|symo
 MD_NAME = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
 # A placeholder in a written path (benchmarks/results/NAME.md) stands for any name.
 PLACEHOLDER = re.compile(r"(^|/)NAME(\.|$)")
-# Paths of files that moved, still written where their update is pending, each with what must change.
+# Paths of files that no longer exist, written where a past measurement names them, each with why.
 MOVED_PENDING = {
-    "symo/optim.py": "split into the package symo/optim/: scripts/mutation.sh, benchmarks/mutation_report.py, "
-                     "the mutation results and the docs describing them still name the one file",
+    "symo/optim.py": "the mutation results (benchmarks/results/mutation.*, docs/testing.md) were measured on the "
+                     "optimizer when it was this one file, before the split into symo/optim/",
 }
 
 
