@@ -40,6 +40,7 @@ from tqdm import tqdm
 import symo
 from benchmarks import mlp_common as mc
 from symo import hessian
+from symo.runtime.linalg import newton_schulz
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OPTIMIZERS = ["symo", "symo_paper", "muon", "shampoo", "kfac", "adam", "gd"]
@@ -53,24 +54,12 @@ GRIDS = {
     "gd": [0.01, 0.03, 0.1, 0.3, 1.0],
 }
 DAMPING = {"shampoo": 1e-3, "kfac": 1e-2}
-NS_COEFFS = (3.4445, -4.7750, 2.0315)
 TARGET_SLACK = 1.05     # steps to reach within 5% of the tuned Adam's final test loss
 TITLES = {"train_mlp": "Teacher-student MLP 100-70-40: test loss against iterations",
           "mnist_autoencoder": "MNIST autoencoder: test loss against iterations"}
 
 
 # ------------------------------------------------------------------ optimizers written here
-def ns5(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """Muon's quintic Newton-Schulz (Keller Jordan): approximate polar factor of a matrix."""
-    a, b, c = NS_COEFFS
-    x = g.T if g.shape[0] > g.shape[1] else g
-    x = x / (x.norm() + 1e-7)
-    for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if g.shape[0] > g.shape[1] else x
-
-
 class Muon:
     """Muon on every weight matrix (momentum 0.95, Nesterov, sqrt(max(1, rows/cols))), Adam on biases
     at lr / 10."""
@@ -86,7 +75,7 @@ class Muon:
         for p, buf in zip(self.mats, self.bufs):
             buf.lerp_(p.grad, 0.05)
             u = p.grad.lerp(buf, 0.95)
-            p.add_(ns5(u) * max(1.0, p.shape[0] / p.shape[1]) ** 0.5, alpha=-self.hp["lr"])
+            p.add_(newton_schulz(u) * max(1.0, p.shape[0] / p.shape[1]) ** 0.5, alpha=-self.hp["lr"])
         self.adam.step()
 
 
