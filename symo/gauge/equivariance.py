@@ -25,9 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compiler import Spec, load_spec
-from ..runtime.compiled import CompiledSpec
-from ..runtime.compiled import compile as symo_compile
+from ..compiler import Spec
+from ..runtime.compiled import CompiledSpec, compile_for
 from .problems import factored_problem
 
 OptimizerFactory = Callable[[list[tuple[str, torch.Tensor]]], torch.optim.Optimizer]
@@ -126,7 +125,7 @@ def check_equivariance(make_optimizer: OptimizerFactory, model: nn.Module | Mapp
         raise ValueError(f"steps must be >= 1, got {steps}")
     base, twin = _Twin(model, loss_fn), _Twin(model, loss_fn)
     shapes = {n: tuple(p.shape) for n, p in base.params.items()}
-    compiled = _compile(spec, shapes, sizes)
+    compiled = compile_for(spec, shapes, sizes)
     gen = torch.Generator().manual_seed(seed + 1)
     element = compiled.random_element(gen, dtype=torch.float64)
     with torch.no_grad():
@@ -155,14 +154,6 @@ def _divergence(compiled: CompiledSpec, element, base: _Twin, twin: _Twin, names
         a_w = _flat(compiled.act(element, base.snapshot()), names)
         w2 = _flat(twin.snapshot(), names)
         return float((a_w - w2).norm() / w2.norm().clamp_min(1e-300))
-
-
-def _compile(spec, shapes, sizes) -> CompiledSpec:
-    if isinstance(spec, CompiledSpec):
-        return spec
-    if isinstance(spec, (str, Path)):
-        spec = load_spec(spec)
-    return symo_compile(spec, {n: s for n, s in shapes.items()}, sizes=sizes)
 
 
 __all__ = ["EquivarianceReport", "OptimizerFactory", "check_equivariance"]

@@ -27,13 +27,13 @@ from typing import Any
 import torch
 
 from ..compiler import Spec
-from ..runtime.compiled import CompiledSpec, check_finite_tensors
+from ..runtime.compiled import CompiledSpec, check_finite_tensors, compile_for
 from . import report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
 from .config import FEATURES, FLAT, SymoConfig
 from .matrix_functions import finish, single_statistic_apply, stored_power, taylor_power
-from .plan import Stage, build_stages, compile_for, resolve_stats_dtype, stack_blocks
+from .plan import Stage, build_stages, resolve_stats_dtype, stack_blocks
 from .presets import get_preset
 from .statistics import update_statistic
 

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from ..runtime.compiled import BlockInfo, CompiledSpec
-from ..runtime.compiled import compile as compile_spec
 from ..runtime.linalg import ns_inverse_root_min_damping
 from .config import SymoConfig
 
@@ -121,13 +119,3 @@ def stack_blocks(cfg: SymoConfig, device: torch.device) -> bool:
     """Whether the Muon path stacks same-shape blocks into one call (SymoConfig.batch_blocks)."""
     return device.type != "cpu" if cfg.batch_blocks == "auto" else cfg.batch_blocks
 
-
-def compile_for(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None,
-                strict: bool = True) -> CompiledSpec:
-    """The spec compiled for the optimizer's parameter shapes (a CompiledSpec is checked against them)."""
-    if isinstance(spec, CompiledSpec):
-        bad = {n: (s, shapes.get(n)) for n, s in spec.shapes.items() if shapes.get(n, s) != s}
-        if bad:
-            raise ValueError(f"the CompiledSpec was compiled for other shapes: {bad} (compiled, given)")
-        return spec
-    return compile_spec(spec, shapes, sizes=sizes, strict=strict)

@@ -338,3 +338,15 @@ def compile(spec: Spec | str | Path, shapes: Any, *, sizes: dict[str, int] | Non
         raise TypeError(f"compile: strict must be True or False, got {strict!r}")
     return CompiledSpec(compile_spec(spec, shapes, sizes=sizes, cache_dir=cache_dir, disk_cache=disk_cache,
                                      strict=strict))
+
+
+def compile_for(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None,
+                strict: bool = True) -> CompiledSpec:
+    """`spec` compiled for `shapes`; a CompiledSpec is taken as it is, after a check that it was compiled for
+    these shapes (what the optimizer and the equivariance checker take as their spec argument)."""
+    if isinstance(spec, CompiledSpec):
+        bad = {n: (s, shapes.get(n)) for n, s in spec.shapes.items() if shapes.get(n, s) != s}
+        if bad:
+            raise ValueError(f"the CompiledSpec was compiled for other shapes: {bad} (compiled, given)")
+        return spec
+    return compile(spec, shapes, sizes=sizes, strict=strict)
