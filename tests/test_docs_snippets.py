@@ -77,6 +77,7 @@ def _hf_user() -> dict:
 USER = {
     ("README.md", 0): _mlp_user,              # Python API
     ("README.md", 1): lambda: {"symo": symo, **_gpt_user()},  # the Symo optimizer (continues the API section)
+    ("README.md", 2): _mlp_user,              # the options by feature, on "your" MLP
     ("docs/gauge.md", 0): _gauge_user,        # check_equivariance on "your own model"
     ("docs/infer.md", 0): _gpt_user,          # infer_spec(model, example_inputs)
     ("docs/specs.md", 0): _hf_user,           # the Hugging Face GPT-2 spec
