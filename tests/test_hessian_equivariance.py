@@ -8,18 +8,15 @@ A relaxed group (Muon's per-matrix rows on the same network) breaks the identity
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+import oracles as O  # noqa: E402
 import pytest
 import torch
 from torch.func import functional_call
 
 import symo
 from symo.train.models import MLP
-
-sys.path.insert(0, str(Path(__file__).parent))
-import oracles as O  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

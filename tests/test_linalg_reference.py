@@ -210,10 +210,6 @@ def test_newton_schulz_defaults_are_muons():
 def test_reference_muon_quintic_lands_where_its_docstring_says():
     """tests/references.py's quintic equals the singular-value polynomial, and its singular values for a
     generic matrix land in Muon's documented band (about 0.68 to 1.13), not at 1."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from references import newton_schulz as reference_ns
 
     gen = torch.Generator().manual_seed(5)

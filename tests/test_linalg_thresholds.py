@@ -10,11 +10,10 @@ beyond rounding. Mutation testing (scripts/mutation.sh) found each rule here unc
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from test_linalg_reference import blocks, ref_power, rel  # noqa: E402
 
 from symo.runtime.linalg import (
     geometric_mean,
@@ -24,9 +23,6 @@ from symo.runtime.linalg import (
     root_power,
     sym_power,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_linalg_reference import blocks, ref_power, rel  # noqa: E402
 
 F64, F32 = torch.float64, torch.float32
 EPS32, EPS64 = torch.finfo(F32).eps, torch.finfo(F64).eps

@@ -9,20 +9,17 @@ from __future__ import annotations
 import copy
 import io
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from references import ReferenceMuon, ReferenceShampoo  # noqa: E402
 
 from symo.optim import Symo, SymoConfig
 from symo.optim.optimizer import muon_path_directions
 from symo.runtime.compiled import NonFiniteGradientError
 from symo.runtime.linalg import geometric_mean, inv_sqrt_newton_schulz, sym_power
 from symo.train.models import MLP, Factored
-
-sys.path.insert(0, str(Path(__file__).parent))
-from references import ReferenceMuon, ReferenceShampoo  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 MUON, ROWS, COLS = SPECS / "muon.toml", SPECS / "shampoo_rows.toml", SPECS / "shampoo_cols.toml"

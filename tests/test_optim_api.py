@@ -7,18 +7,15 @@ checks one behaviour against a hand-computed value or a documented message.
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from test_optim_options import MUON, SIZES, SPECS, TANH, _data, _loss  # noqa: E402
 
 from symo.optim import Symo
 from symo.runtime.compiled import NonFiniteGradientError
 from symo.train.models import MLP
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_optim_options import MUON, SIZES, SPECS, TANH, _data, _loss  # noqa: E402
 
 
 def test_check_finite_false_skips_the_check():

@@ -6,18 +6,14 @@ Mutation testing (scripts/mutation.sh) found each of these unchecked by the opti
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from test_optim_options import MUON, SIZES, TANH  # noqa: E402
 
 import symo
 from symo.optim import Symo, SymoConfig
 from symo.train.models import MLP
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_optim_options import MUON, SIZES, TANH  # noqa: E402
 
 FREE_HEADS = """
 [spaces]

@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from block_reference import BlockLayout, ReferenceSymo, psd_function  # noqa: E402
+from references import ReferenceMuon, newton_schulz  # noqa: E402
 
 from symo.optim import Symo, SymoConfig
 from symo.train.models import MLP, Factored
-
-sys.path.insert(0, str(Path(__file__).parent))
-from block_reference import BlockLayout, ReferenceSymo, psd_function  # noqa: E402
-from references import ReferenceMuon, newton_schulz  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 TANH, RELU, MUON, FACTORED = (SPECS / f"{n}.toml" for n in ("mlp_tanh", "mlp_relu", "muon", "factored"))

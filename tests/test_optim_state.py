@@ -7,20 +7,16 @@ unchecked before.
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from block_reference import psd_function  # noqa: E402
+from references import newton_schulz  # noqa: E402
+from test_optim_options import MUON, PER_HEAD, SIZES, SPECS, TANH, _data, _loss, rel  # noqa: E402
 
 import symo
 from symo.optim import Symo
 from symo.train.models import MLP
-
-sys.path.insert(0, str(Path(__file__).parent))
-from block_reference import psd_function  # noqa: E402
-from references import newton_schulz  # noqa: E402
-from test_optim_options import MUON, PER_HEAD, SIZES, SPECS, TANH, _data, _loss, rel  # noqa: E402
 
 ROWS, COLS = SPECS / "shampoo_rows.toml", SPECS / "shampoo_cols.toml"
 

@@ -9,11 +9,12 @@ spectral evaluation with the float32 iteration, both measured against the float6
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from references import ReferenceMuon  # noqa: E402
+from references import newton_schulz as reference_ns  # noqa: E402
 
 from symo.optim import Symo
 from symo.optim.matrix_functions import ns_method
@@ -27,10 +28,6 @@ from symo.runtime.linalg import (
     spectral_ns_is_cheaper,
 )
 from symo.train.models import GPT, MLP, GPTConfig
-
-sys.path.insert(0, str(Path(__file__).parent))
-from references import ReferenceMuon  # noqa: E402
-from references import newton_schulz as reference_ns  # noqa: E402
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

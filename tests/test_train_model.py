@@ -1,11 +1,10 @@
 """The GPT, the GPT specs and the optimizers `symo train` builds, against references written here."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from references import ReferenceMuon  # noqa: E402
 from torch.func import functional_call
 from torch.nn import functional as F
 
@@ -13,9 +12,6 @@ import symo
 from symo.train import TrainConfig, build_optimizer
 from symo.train.models import GPT, GPTConfig
 from symo.train.muon import Muon
-
-sys.path.insert(0, str(Path(__file__).parent))
-from references import ReferenceMuon  # noqa: E402
 
 TINY = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11)
 
