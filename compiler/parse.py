@@ -217,6 +217,11 @@ def _parse_params(table: object, source: str) -> tuple[ParamRule, ...]:
             raise SpecError(f"{short(pattern)!r} is not a valid parameter name or pattern", file=source,
                             key=f"params.{short(pattern)!r}",
                             hint="names are printable text without control characters or outer spaces")
+        if pattern.startswith("?") and not pattern[1:].strip():
+            # "?" marks a rule optional; alone it would be a rule that silently matches nothing
+            raise SpecError(f"{pattern!r} is the optional-rule marker with no pattern after it", file=source,
+                            key=key, hint='write "?" before a pattern, e.g. "?fc{i}.bias", or quote a parameter '
+                            "named like this under another pattern")
         folded = unicodedata.normalize("NFKC", pattern)
         if folded in normal:
             raise SpecError(f"{short(pattern)!r} and {short(normal[folded])!r} are the same name after "

@@ -33,6 +33,8 @@ class Bad:
 
 
 BAD = [
+    Bad("optional-marker-alone", GOOD_SPACES + '[params]\n"fc1.weight" = ["h", "_"]\n"?" = ["h", "_"]\n',
+        key="params.'?'", words=("optional-rule marker", "no pattern")),
     Bad("toml-syntax", '[spaces]\nh = { group = "perm" \n[params]\n"fc1.weight" = ["h", "_"]\n',
         words=("TOML", "line 2")),
     Bad("unknown-group", '[spaces]\nh = { group = "permutation" }\n[params]\n"fc1.weight" = ["h", "_"]\n',
