@@ -19,19 +19,48 @@ def checkpoint_meta(plan: list[Stage]) -> dict[str, Any]:
 
 def own_loaded_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """After torch's load_state_dict: torch casts per-parameter state to the parameter's dtype (bf16
-    momentum!) and keeps `step` shared with the loaded dict, so the saved dtypes are restored as private
-    copies; block statistics (plain tensors keyed by block id) move to the parameters' device."""
+    momentum, float64 statistics!) and keeps `step` shared with the loaded dict, so the saved dtypes are
+    restored as private copies on the parameter's device; block statistics (keyed by block id, under the
+    stage's key or on an anchor parameter) move to the device of their block's first parameter."""
+    keys = {stage.key for stage in opt.plan}
     saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
     for i, p in zip(saved_ids, (p for g in opt.param_groups for p in g["params"])):
         for k, v in state_dict["state"].get(i, {}).items():
             if torch.is_tensor(v):
                 opt.state[p][k] = v.to(device=v.device if k == "step" else p.device, copy=True)
-    device = next(p.device for g in opt.param_groups for p in g["params"])
+            elif k in keys and isinstance(v, dict):
+                opt.state[p][k] = {b: _owned(st, p.device) for b, st in v.items()}
+    devices = {n: p.device for g in opt.param_groups for n, p in zip(g["param_names"], g["params"])}
     for stage in opt.plan:
         blocks = opt.state.get(stage.key)
         if blocks:
-            opt.state[stage.key] = {b: {k: (v.to(device, copy=True) if torch.is_tensor(v) else v)
-                                        for k, v in st.items()} for b, st in blocks.items()}
+            where = {b.id: devices[b.params[0]] for b in stage.compiled.blocks if b.params}
+            opt.state[stage.key] = {b: _owned(st, where.get(b, next(iter(devices.values()))))
+                                    for b, st in blocks.items()}
+    relayout_blocks(opt)
+
+
+def relayout_blocks(opt: Any) -> None:
+    """Block statistics where this optimizer keeps them, whichever layout the checkpoint used: under the
+    stage's key alone (one process), on each component's anchor parameter with several, owned blocks
+    only (the other ranks' blocks are theirs)."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for k, stage in enumerate(opt.plan):
+        found: dict[str, dict] = dict(opt.state.pop(stage.key, None) or {})
+        for p in params:
+            if p in opt.state and isinstance(opt.state[p].get(stage.key), dict):
+                found.update(opt.state[p].pop(stage.key))
+        if opt.distributor is None:
+            if found:
+                opt.state[stage.key] = found
+            continue
+        for bid, st in found.items():
+            if bid in opt.distributor.owned[k]:
+                opt.state[opt._anchors[(k, bid)]].setdefault(stage.key, {})[bid] = st
+
+
+def _owned(st: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: (v.to(device, copy=True) if torch.is_tensor(v) else v) for k, v in st.items()}
 
 
 def state_bytes(state: Any) -> int:
