@@ -41,15 +41,14 @@ class Component:
     """Blocks that share parameters, with those parameters, computed on one rank."""
 
     params: tuple[str, ...]
-    """In the spec's order; the first is the anchor, whose optimizer state holds the blocks' statistics."""
+    """In the spec's order."""
     blocks: tuple[tuple[int, str], ...]
     """(stage index, block id) pairs."""
     cost: float
     owner: int
-
-    @property
-    def anchor(self) -> str:
-        return self.params[0]
+    anchor: str
+    """The parameter whose optimizer state holds the blocks' statistics: the first that requires a
+    gradient (torch.distributed.checkpoint loads no state into a frozen parameter)."""
 
 
 def coupling_components(stages: list[Stage]) -> list[tuple[tuple[str, ...], tuple[tuple[int, str], ...]]]:
@@ -328,7 +327,8 @@ def make_distributor(cfg: DistributedConfig, stages: list[Stage], params: Mappin
     found = coupling_components(stages)
     costs = [component_cost(stages, blocks, ps) for ps, blocks in found]
     for (ps, blocks), cost, owner in zip(found, costs, assign_owners(costs, world)):
-        comps.append(Component(ps, blocks, cost, owner))
+        anchor = next((n for n in ps if params[n].requires_grad), ps[0])
+        comps.append(Component(ps, blocks, cost, owner, anchor))
     shapes = dict(stages[0].compiled.shapes)
     rows = {n: _rows(n, params[n], shapes[n], world, rank) for n in shapes}
     comm = None if cfg.comm_dtype == "auto" else COMM_DTYPES[cfg.comm_dtype]

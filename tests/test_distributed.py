@@ -1,0 +1,217 @@
+"""Symo on 2 and 4 gloo processes (FSDP2 and DDP) against one process: the same parameters after 5 float64
+steps, each block's matrix function on exactly one rank, a fixed number of collectives per step, and a
+torch.distributed.checkpoint save -> load -> resume bit-identical to the uninterrupted run.
+
+Every case has beta2 > 0 (except the Muon-path one), a frozen covered parameter, two parameter groups
+and widths no world size divides (tests/distributed_cases.py). One spawn per world size trains them all.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from distributed_cases import (
+    CASES,
+    STEPS,
+    build,
+    deep_spec,
+    free_port,
+    full_params,
+    init,
+    make_optimizer,
+    train,
+    wrap,
+)
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from symo.models import MLP
+from symo.optim import DistributedConfig, Symo, SymoConfig
+from symo.optim.distributed import assign_owners, coupling_components, resolve_mode
+
+MODES = ("fsdp", "replicated")
+EQUIVALENCE = ("mlp_tanh", "gpt_muon", "gpt_muon_path", "gpt_true", "rnn_tanh")
+_RUNS: dict[int, dict] = {}
+
+
+def _worker(rank: int, world: int, port: int, spec_dir: str) -> None:
+    init(rank, world, port)
+    try:
+        out = {}
+        for mode in MODES:
+            for name in EQUIVALENCE + (("mlp_deep",) if mode == "fsdp" else ()):
+                record: dict = {}
+                model, _ = train(name, spec_dir, mode, record=record)
+                params = full_params(model.module if mode == "replicated" else model)
+                out[mode, name] = {"params": params if rank == 0 else None, **record}
+        torch.save(out, os.path.join(spec_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def runs(world: int, tmp_path_factory) -> dict:
+    """{"ranks": [per rank {(mode, case): record}], "one": {case: one process's record}}, computed once."""
+    if world not in _RUNS:
+        spec_dir = str(tmp_path_factory.mktemp(f"world{world}"))
+        with open(os.path.join(spec_dir, "mlp_tanh_deep.toml"), "w") as f:
+            f.write(deep_spec())
+        mp.start_processes(_worker, args=(world, free_port(), spec_dir), nprocs=world, start_method="fork")
+        ranks = [torch.load(os.path.join(spec_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+        one = {}
+        for name in EQUIVALENCE:
+            record: dict = {}
+            model, _ = train(name, spec_dir, "off", record=record)
+            one[name] = {"params": full_params(model), **record}
+        _RUNS[world] = {"ranks": ranks, "one": one}
+    return _RUNS[world]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("mode", MODES)
+def test_equal_to_one_process_after_five_steps(world, mode, tmp_path_factory):
+    """float64: the sharded or replicated run's parameters equal one process's to 1e-10 (relative to the
+    parameter's largest entry; what differs is only the order of the gradients' sums)."""
+    results = runs(world, tmp_path_factory)
+    for name in EQUIVALENCE:
+        got, want = results["ranks"][0][mode, name]["params"], results["one"][name]["params"]
+        assert set(got) == set(want), name
+        for n, w in want.items():
+            err = float((got[n] - w).abs().max() / w.abs().max().clamp_min(1e-300))
+            assert err < 1e-10, (name, n, err)
+        frozen = CASES[name].frozen
+        assert torch.equal(got[frozen], build(name, "")[0].get_parameter(frozen).detach()), (name, "frozen moved")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("mode", MODES)
+def test_each_block_is_computed_on_exactly_one_rank(world, mode, tmp_path_factory):
+    """The matrix functions one process computes (per block, 5 steps) are each computed by exactly one
+    rank, as often; summed over the ranks nothing is repeated."""
+    results = runs(world, tmp_path_factory)
+    for name in EQUIVALENCE:
+        alone: Counter = results["one"][name]["calls"]
+        per_rank = [r[mode, name]["calls"] for r in results["ranks"]]
+        assert alone and all(v == STEPS for v in alone.values()), name
+        assert sum(per_rank, Counter()) == alone, name
+        for block in alone:
+            assert sum(1 for calls in per_rank if calls[block]) == 1, (name, block)
+        if world == 2:  # the components are spread: no rank computes everything
+            assert all(len(calls) < len(alone) for calls in per_rank), (name, per_rank)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_per_step_do_not_grow_with_the_parameters(world, tmp_path_factory):
+    """FSDP2: one all-reduce (the finite-gradient check) and one all-to-all each way per dtype; DDP: the
+    updates' all-to-all alone. The same for a 3-layer MLP, a 7-layer one and the GPTs."""
+    results = runs(world, tmp_path_factory)
+    for rank_results in results["ranks"]:
+        fsdp = {name: rank_results["fsdp", name]["collectives"] for name in EQUIVALENCE + ("mlp_deep",)}
+        ddp = {name: rank_results["replicated", name]["collectives"] for name in EQUIVALENCE}
+        assert all(counts == [3] * STEPS for counts in fsdp.values()), fsdp
+        assert all(counts == [1] * STEPS for counts in ddp.values()), ddp
+
+
+def _resume_worker(rank: int, world: int, port: int, folder: str) -> None:
+    init(rank, world, port)
+    try:
+        same = {}
+        for mode, name in (("fsdp", "mlp_tanh"), ("fsdp", "gpt_true"), ("replicated", "rnn_tanh")):
+            ckpt = os.path.join(folder, f"{mode}_{name}")
+            model, opt = _fresh(name, mode, seed=0)
+            train(name, "", mode, range(3), model, opt)
+            inner = model.module if mode == "replicated" else model
+            dcp.save({"model": get_model_state_dict(inner), "optim": get_optimizer_state_dict(inner, opt)},
+                     checkpoint_id=ckpt)
+            train(name, "", mode, range(3, STEPS), model, opt)
+            uninterrupted = full_params(inner)
+            model, opt = _fresh(name, mode, seed=1)  # other initial weights: everything must come from disk
+            inner = model.module if mode == "replicated" else model
+            state = {"model": get_model_state_dict(inner), "optim": get_optimizer_state_dict(inner, opt)}
+            dcp.load(state, checkpoint_id=ckpt)
+            set_model_state_dict(inner, state["model"])
+            set_optimizer_state_dict(inner, opt, state["optim"])
+            train(name, "", mode, range(3, STEPS), model, opt)
+            resumed = full_params(inner)
+            same[mode, name] = all(torch.equal(uninterrupted[n], resumed[n]) for n in resumed)
+        torch.save(same, os.path.join(folder, f"same{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _fresh(name: str, mode: str, seed: int):
+    model, case = build(name, "", seed=seed)
+    model = wrap(model, mode)
+    return model, make_optimizer(name, model.module if mode == "replicated" else model, case, "", mode)
+
+
+def test_checkpoint_save_load_resume_is_bit_identical(tmp_path):
+    """get_/set_optimizer_state_dict with dcp.save / dcp.load after 3 of 5 steps (beta2 > 0: the block
+    statistics must travel too), into an optimizer built on other weights: the same bits as no stop."""
+    world = 2
+    mp.start_processes(_resume_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, start_method="fork")
+    for r in range(world):
+        same = torch.load(tmp_path / f"same{r}.pt")
+        assert same and all(same.values()), same
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- one process: the plan and the config
+def test_components_couple_blocks_that_share_a_parameter():
+    """gpt_true: each layer's attention blocks form a component; the MLPs' trivial block couples every
+    layer's MLP into one. The owners are balanced by cost, the costliest first."""
+    model, case = build("gpt_true", "")
+    opt = Symo(model.named_parameters(), case.spec, sizes=case.sizes, beta2=0.9)
+    found = coupling_components(opt.plan)
+    as_blocks = sorted(sorted(b for _, b in blocks) for _, blocks in found)
+    assert as_blocks == [["L0", "L1"], ["L2", "L3", "L6"], ["L4", "L5"]]
+    params = [set(ps) for ps, _ in found]
+    assert all(a.isdisjoint(b) for i, a in enumerate(params) for b in params[i + 1:])
+    assert set().union(*params) == set(opt.compiled.param_names)
+    assert assign_owners([5.0, 4.0, 3.0, 3.0], 2) == [0, 1, 1, 0]
+    assert assign_owners([1.0, 1.0], 4) == [0, 1]
+
+
+def test_the_mode_resolves_from_the_parameters():
+    plain = dict(MLP((2, 3, 2)).named_parameters())
+    assert resolve_mode(DistributedConfig(), plain) == "off"
+    assert resolve_mode(DistributedConfig(mode="replicated"), plain) == "replicated"
+    assert SymoConfig(distributed_mode="fsdp").distributed.mode == "fsdp"
+    assert SymoConfig(distributed=DistributedConfig(bucket_mb=1.0)).distributed_bucket_mb == 1.0
+    for bad in ({"distributed_mode": "ddp"}, {"distributed_comm_dtype": "int8"}, {"distributed_bucket_mb": 0}):
+        with pytest.raises(ValueError, match="distributed_"):
+            SymoConfig(**bad)
+
+
+def test_replicated_alone_equals_one_process_and_loads_either_layout():
+    """The replicated mode without a process group (one rank) keeps each block's statistics on its anchor
+    parameter, steps bit-identically to the plain optimizer, and loads a plain checkpoint (and the plain
+    optimizer loads its checkpoint): the layouts convert both ways."""
+    model, case = build("mlp_tanh", "")
+    twin = build("mlp_tanh", "")[0]
+    plain = make_optimizer("mlp_tanh", model, case, "", "off")
+    anchored = make_optimizer("mlp_tanh", twin, case, "", "replicated")
+    train("mlp_tanh", "", "off", range(2), model, plain)
+    train("mlp_tanh", "", "off", range(2), twin, anchored)
+    assert "symo_blocks" in plain.state and "symo_blocks" not in anchored.state
+    assert any("symo_blocks" in st for st in anchored.state.values() if isinstance(st, dict))
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+    swapped_plain = make_optimizer("mlp_tanh", model, case, "", "off")
+    swapped_plain.load_state_dict(anchored.state_dict())
+    swapped_anchored = make_optimizer("mlp_tanh", twin, case, "", "replicated")
+    swapped_anchored.load_state_dict(plain.state_dict())
+    train("mlp_tanh", "", "off", range(2, 4), model, swapped_plain)
+    train("mlp_tanh", "", "off", range(2, 4), twin, swapped_anchored)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
