@@ -50,6 +50,12 @@ CASES: dict[str, Case] = {
                           options={"beta2": 0.0, "update_scale": "muon"}),
     "gpt_true": Case(_gpt, "gpt_true", "transformer.h.0.mlp.c_fc.bias", {"dqk{i}": 5, "dvo{i}": 5}),
     "rnn_tanh": Case(lambda: RNN(d_in=3, hidden=9, d_out=2), "rnn_tanh", "b_h"),
+    # the raw gradient's statistics (its shards travel too), refreshed every other step
+    "mlp_gradient": Case(lambda: MLP((8, 15, 13, 4)), "mlp_tanh", "fc2.bias",
+                         options={"beta2": 0.9, "damping": 1e-3, "source": "gradient", "precondition_frequency": 2}),
+    # two-sided Shampoo: two stages, whose blocks together make the components
+    "shampoo_gm": Case(lambda: MLP((8, 15, 13, 4)), "shampoo_rows", "fc2.weight",
+                       options={"beta2": 0.9, "damping": 1e-3, "geometric_mean_with": "shampoo_cols"}),
     # collectives must not grow with the parameters: the same MLP, three times deeper
     "mlp_deep": Case(lambda: MLP((8, 15, 13, 11, 9, 7, 6, 4)), "mlp_tanh_deep", "fc2.bias"),
 }

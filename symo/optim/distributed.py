@@ -23,7 +23,12 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate, Shard
+
+if dist.is_available():
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+else:  # a torch built without torch.distributed: one process, and no parameter is a DTensor
+    class DTensor(torch.Tensor):  # type: ignore[no-redef]
+        """Stands in for torch.distributed.tensor.DTensor, of which nothing is an instance."""
 
 from ..runtime.compiled import NonFiniteGradientError, check_finite_tensors
 from .config import DistributedConfig
@@ -101,13 +106,13 @@ def assign_owners(costs: list[float], world: int) -> list[int]:
 
 
 def resolve_mode(cfg: DistributedConfig, params: Mapping[str, torch.Tensor]) -> str:
-    """DistributedConfig.mode -> "off", "replicated" or "fsdp" for these parameters."""
+    """DistributedConfig.mode -> "off", "replicated" or "fsdp" for these parameters. "off" on DTensors is
+    the implicit path: every rank runs the whole step on DTensors, which redistribute as each operation
+    needs (all-reduced Grams or all-gathered tensors, every matrix function on every rank)."""
     sharded = [n for n, p in params.items() if isinstance(p, DTensor)]
     mode = cfg.mode
     if mode == "auto":
         mode = "fsdp" if sharded else "off"
-    if mode == "off" and sharded:
-        raise ValueError(f"distributed_mode='off' with DTensor parameters ({sharded[:3]}); use 'fsdp' or 'auto'")
     if mode == "replicated" and sharded:
         raise ValueError(f"distributed_mode='replicated' takes whole parameters (DDP), got DTensors {sharded[:3]}; "
                          "use 'fsdp' or 'auto'")
@@ -325,7 +330,9 @@ def make_distributor(cfg: DistributedConfig, stages: list[Stage], params: Mappin
     rank = 0 if group is None else dist.get_rank(group)
     comps = []
     found = coupling_components(stages)
-    costs = [component_cost(stages, blocks, ps) for ps, blocks in found]
+    # a frozen component computes nothing: it must not take a rank's share
+    costs = [component_cost(stages, blocks, ps) if any(params[n].requires_grad for n in ps) else 0.0
+             for ps, blocks in found]
     for (ps, blocks), cost, owner in zip(found, costs, assign_owners(costs, world)):
         anchor = next((n for n in ps if params[n].requires_grad), ps[0])
         comps.append(Component(ps, blocks, cost, owner, anchor))
@@ -349,3 +356,12 @@ def _rows(name: str, p: torch.Tensor, shape: tuple[int, ...], world: int, rank: 
         raise NotImplementedError(f"parameter {name!r} holds {p.to_local().shape[0]} rows on rank {rank}, not "
                                   f"torch.chunk's {rows[rank]}; this sharding is not supported")
     return rows
+
+
+def zeros_like_param(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """Zeros for a parameter without a gradient, of the kind `like` is: a replicated DTensor on the
+    implicit path (a plain tensor would meet DTensors in one torch.cat), a plain tensor otherwise."""
+    zeros = torch.zeros(shape, dtype=like.dtype, device=like.device)
+    if isinstance(like, DTensor):
+        return DTensor.from_local(zeros, like.device_mesh, [Replicate()] * like.device_mesh.ndim, run_check=False)
+    return zeros

@@ -32,7 +32,7 @@ from . import report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
 from .config import FEATURES, FLAT, SymoConfig
-from .distributed import Distributor, make_distributor, resolve_mode
+from .distributed import Distributor, make_distributor, resolve_mode, zeros_like_param
 from .matrix_functions import finish, single_statistic_apply, stored_power, taylor_power
 from .plan import Stage, build_stages, compile_for, resolve_stats_dtype, stack_blocks
 from .presets import get_preset
@@ -170,7 +170,9 @@ class Symo(torch.optim.Optimizer):
         elif self.config.check_finite:
             check_finite_tensors(grads, list(grads))
         for group in self.param_groups:
-            if group["kind"] == "adamw":
+            if group["kind"] == "adamw" and self.distributor is not None:
+                adamw_step(group, self.state, self.distributor.local)
+            elif group["kind"] == "adamw":
                 adamw_step(group, self.state)
         self._step_covered([g for g in self.param_groups if g["kind"] == "symo"])
         return loss
@@ -308,7 +310,7 @@ def with_zeros(compiled: CompiledSpec, tensors: dict[str, torch.Tensor], like: t
     out = dict(tensors)
     for n in compiled.param_names:
         if n not in out:
-            out[n] = torch.zeros(compiled.shapes[n], dtype=like.dtype, device=like.device)
+            out[n] = zeros_like_param(compiled.shapes[n], like)
     return out
 
 
