@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from symo.compiler import _MEMORY  # noqa: E402
 
 import symo  # noqa: E402
-from symo.models import GPT, GPTConfig, gpt2_124m  # noqa: E402
+from symo.train.models import GPT, GPTConfig, gpt2_124m  # noqa: E402
 
 GPT_SPEC = ROOT / "specs" / "gpt.toml"
 MUON_SPEC = '[spaces]\nr = { group = "signed_perm" }\n[params]\n"w" = ["r", "_"]\n'
@@ -48,7 +48,7 @@ _FRESH = """
 import time; t0 = time.perf_counter()
 import torch; t1 = time.perf_counter()
 import symo; t2 = time.perf_counter()
-from symo.models import gpt2_124m
+from symo.train.models import gpt2_124m
 with torch.device("meta"):
     model = gpt2_124m()
 t3 = time.perf_counter()
@@ -80,7 +80,7 @@ _FRESH_RNN = """
 import time
 import torch
 import symo
-from symo.rnn import RNN
+from symo.train.rnn import RNN
 with torch.device("meta"):
     model = RNN(2, {hidden}, 1)
 t = time.perf_counter()
@@ -91,7 +91,7 @@ print(time.perf_counter() - t)
 
 def rnn_entry(reps: int, hidden: int = 512, batch: int = 32, length: int = 50) -> tuple[dict, list[str]]:
     """Tier-2 RNN spec: cold compile (fresh interpreter) and the curvature path against fwd-bwd."""
-    from symo.rnn import RNN
+    from symo.train.rnn import RNN
 
     spec = ROOT / "specs" / "rnn_tanh.toml"
     with tempfile.TemporaryDirectory() as cache:
@@ -168,7 +168,7 @@ import time
 import torch
 import symo
 from symo.compiler import compile_spec
-from symo.models import GPT, GPTConfig
+from symo.train.models import GPT, GPTConfig
 text = open({spec!r}).read().replace('"mlp{{i}}"  = {{ group = "signed_perm" }}', '"mlp{{i}}"  = {{ group = "perm" }}')
 assert '"perm" }}' in text
 with torch.device("meta"):
@@ -198,7 +198,7 @@ def depth_entry(depths: tuple[int, ...] = (12, 100, 400, 1000), reps: int = 3) -
     the per-layer path (`templates=False`, what every spec compiled to before), alternating."""
     import os
 
-    from symo.progress import progress as tqdm
+    from symo.train.progress import progress as tqdm
 
     load_before = os.getloadavg()
     points = [(group, layers) for group in ("perm", "signed_perm") for layers in depths]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from symo.progress import progress as tqdm
+from symo.train.progress import progress as tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlp_common as mc  # noqa: E402

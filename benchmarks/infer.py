@@ -32,7 +32,7 @@ MODELS = {
     "gpt_small": "zoo GPT, 4 layers, d_model 128 (nanoGPT layout)",
     "gpt2_124m_nanogpt": "zoo GPT at GPT-2 124M shapes (nanoGPT layout, nn.Linear (out, in))",
     "gpt2_124m_hf": "Hugging Face GPT2LMHeadModel, GPT2Config() defaults: 12 layers, d_model 768 (Conv1D (in, out))",
-    "resnet18": "ResNet-18, torchvision layout (symo.models_resnet), 3x32x32 inputs, batch 2",
+    "resnet18": "ResNet-18, torchvision layout (symo.train.models_resnet), 3x32x32 inputs, batch 2",
 }
 QUICK = ("mlp_tanh", "mlp_relu", "gpt_small")
 
@@ -41,7 +41,7 @@ def build(name: str):
     import torch
 
     import symo
-    from symo.models_resnet import resnet18
+    from symo.train.models_resnet import resnet18
 
     torch.manual_seed(0)
     if name == "mlp_tanh":
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     names = list(QUICK if args.quick else MODELS)
-    from symo.progress import progress as tqdm
+    from symo.train.progress import progress as tqdm
 
     ctx = mp.get_context("spawn")
     rows = {}

@@ -47,10 +47,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
-from symo.data_mnist import load_mnist
 from symo.laplace import SymoLaplace
 from symo.laplace.predictive import linearized_outputs
-from symo.models import MLP
+from symo.train.data_mnist import load_mnist
+from symo.train.models import MLP
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SPECS = Path(__file__).resolve().parent.parent / "specs"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from symo.progress import progress as tqdm
+from symo.train.progress import progress as tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sensing_core as sc  # noqa: E402

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from symo.models import MLP
+from symo.train.models import MLP
 
 GROUP_OF_ACT = {"tanh": "signed_perm", "relu": "perm", "linear": "orthogonal"}
 

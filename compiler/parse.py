@@ -18,6 +18,7 @@ import re
 import tomllib
 import unicodedata
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from .errors import SpecError, few, short
@@ -77,8 +78,6 @@ class Spec:
 
 def bundled_specs() -> dict[str, Path]:
     """The specs shipped with Symo (package `symo.specs`), by name: {"gpt_muon": path, ...}."""
-    from importlib import resources
-
     root = resources.files("symo.specs")
     return {Path(str(f)).stem: Path(str(f)) for f in root.iterdir() if str(f).endswith(".toml")}
 

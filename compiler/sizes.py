@@ -19,7 +19,6 @@ mention them and which size to give; *inconsistent* names the two axes that disa
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -149,7 +148,9 @@ def _solve_jointly(open_eqs: list[AxisEquation], sizes: dict[str, int], origin: 
         solutions = [{}]
     exact = [s for s in solutions if len(s) == len(symbols) and all(v.is_Integer and v > 0 for v in s.values())]
     open_ = [s for s in solutions if s not in exact]
-    if open_:  # a parametric family may still hold one positive-integer point (a * b = 1): count them
+    if open_ or len(exact) != 1:
+        # a parametric family may still hold one positive-integer point (a * b = 1), and sympy's solver
+        # under positivity assumptions can miss a point altogether: the search decides when it can
         points = _enumerate(names, eqs, sizes)
         if points is not None and len(points) < 2:
             exact, open_ = [{symbols[x]: sympy.Integer(v) for x, v in p.items()} for p in points], []
@@ -187,23 +188,56 @@ def _solve_jointly(open_eqs: list[AxisEquation], sizes: dict[str, int], origin: 
                     file=source, key=eq.key, param=eq.param, axis=eq.axis, hint=hint)
 
 
-ENUMERATION_LIMIT = 20_000  # candidate points; beyond it a parametric solution counts as free
+SEARCH_LIMIT = 200_000  # search nodes; beyond it a parametric solution counts as free
 
 
 def _enumerate(names: list[str], eqs: list[AxisEquation], sizes: Mapping[str, int]) -> list[dict] | None:
-    """Every positive-integer solution, by enumeration: each unknown is at most the length of an axis
-    it appears in (all terms are positive). None when there are too many candidates; at most 2 kept."""
+    """Every positive-integer solution (at most 2 kept), by a depth-first search: each unknown is at most
+    the length of an axis it appears in (all terms are positive); after each choice, an equation left
+    with one unknown that enters it linearly decides that unknown, and an equation whose known part
+    already exceeds its length prunes the branch. None when the search exceeds SEARCH_LIMIT nodes."""
     bounds = {x: min(eq.length for eq in eqs if any(x in t for t in eq.terms)) for x in names}
-    if math.prod(bounds.values()) > ENUMERATION_LIMIT:
-        return None
-    found = []
-    for values in itertools.product(*[range(1, bounds[x] + 1) for x in names]):
-        trial = {**sizes, **dict(zip(names, values))}
-        if all(sum(math.prod(trial[x] for x in t) for t in eq.terms) == eq.length for eq in eqs):
-            found.append(dict(zip(names, values)))
-            if len(found) > 1:
-                break
-    return found
+    found: list[dict] = []
+    budget = [SEARCH_LIMIT]
+
+    def settle(trial: dict[str, int]) -> bool:
+        """Propagate single linear unknowns; False when an equation cannot hold."""
+        changed = True
+        while changed:
+            changed = False
+            for eq in eqs:
+                unknown = {x for t in eq.terms for x in t if x not in trial}
+                # every unknown is at least 1, so the known factors bound the total from below
+                least = sum(math.prod(trial.get(x, 1) for x in t) for t in eq.terms)
+                if least > eq.length or (not unknown and least != eq.length):
+                    return False
+                if len(unknown) != 1 or any(t.count(x) > 1 for t in eq.terms for x in unknown):
+                    continue
+                (u,) = unknown
+                known = sum(math.prod(trial[x] for x in t) for t in eq.terms if u not in t)
+                coeff = sum(math.prod(trial[x] for x in t if x != u) for t in eq.terms if u in t)
+                rest = eq.length - known
+                if rest <= 0 or rest % coeff or rest // coeff > bounds[u]:
+                    return False
+                trial[u] = rest // coeff
+                changed = True
+        return True
+
+    def search(trial: dict[str, int]) -> bool:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        if not settle(trial):
+            return True
+        open_ = [x for x in names if x not in trial]
+        if not open_:
+            found.append({x: trial[x] for x in names})
+            return len(found) < 2
+        x = min(open_, key=lambda y: (bounds[y], y))
+        return all(search({**trial, x: v}) for v in range(1, bounds[x] + 1))
+
+    search(dict(sizes))
+    return None if budget[0] < 0 else found
 
 
 def _origins(eq: AxisEquation, sizes: Mapping[str, int], origin: Mapping) -> str:

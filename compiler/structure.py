@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .validate import BoundSpec
+from .bound import BoundSpec
 
 TRIV, STD, NAT = "triv", "std", "nat"
 

@@ -25,8 +25,8 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from .bound import Atom, Block, BoundParam, BoundSpec
 from .structure import label_groups
-from .validate import Atom, Block, BoundParam, BoundSpec
 
 TEMPLATES_VERSION = "1"
 MIN_MEMBERS = 2  # a family of one gains nothing from a loop

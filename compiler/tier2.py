@@ -43,10 +43,10 @@ from functools import cache
 import sympy
 from sympy.polys.matrices import DomainMatrix
 
+from .bound import BoundSpace, BoundSpec
 from .diagrams import N, Partition, diagrams, gram_matrix
 from .errors import SpecError
 from .structure import NAT, STD, TRIV, IsotypicBlock, Structure, running_offsets, symbol
-from .validate import BoundSpace, BoundSpec
 
 TIER2_VERSION = "2"
 

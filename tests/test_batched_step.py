@@ -12,8 +12,8 @@ import copy
 import pytest
 import torch
 
-from symo.models import GPT, GPTConfig
 from symo.optim import Symo, optimizer  # optimizer: where the step calls the block function
+from symo.train.models import GPT, GPTConfig
 
 
 def train(model: GPT, opt: Symo, steps: int = 3) -> None:

@@ -19,7 +19,7 @@ import torch
 
 import symo
 import symo.cli
-from symo.models import mlp_tanh
+from symo.train.models import mlp_tanh
 
 REPO = Path(__file__).resolve().parents[1]
 TANH = str(REPO / "specs" / "mlp_tanh.toml")
@@ -215,7 +215,7 @@ def test_generated_source_is_inspectable(tmp_path: Path, fresh_memory) -> None:
 def test_cli_module_entry_point(tmp_path: Path) -> None:
     env = {**os.environ, "SYMO_CACHE_DIR": str(tmp_path / "cli-cache")}
     ok = subprocess.run([sys.executable, "-m", "symo", "compile", "specs/mlp_tanh.toml", "--model",
-                         "symo.models:mlp_tanh", "--no-disk-cache"], cwd=REPO, env=env,
+                         "symo.train.models:mlp_tanh", "--no-disk-cache"], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     out = ok.stdout
@@ -225,7 +225,7 @@ def test_cli_module_entry_point(tmp_path: Path) -> None:
     assert not (tmp_path / "cli-cache").exists()
     bad = tmp_path / "bad.toml"
     bad.write_text('[spaces]\nh = { group = "permutation" }\n[params]\n"fc1.weight" = ["h", "_"]\n')
-    err = subprocess.run([sys.executable, "-m", "symo", "compile", str(bad), "--model", "symo.models:mlp_tanh",
+    err = subprocess.run([sys.executable, "-m", "symo", "compile", str(bad), "--model", "symo.train.models:mlp_tanh",
                           "--no-disk-cache"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert err.returncode == 2
     assert str(bad) in err.stderr and "spaces.h.group" in err.stderr and "how to fix" in err.stderr
@@ -278,7 +278,7 @@ def test_cli_missing_spec_file_exits_2(capsys: pytest.CaptureFixture, tmp_path: 
 def test_cli_bad_arguments_exit_nonzero_with_a_message(capsys: pytest.CaptureFixture) -> None:
     for argv in (["compile", TANH, "--shapes", "fc1.weight=16by8", "--no-disk-cache"],
                  ["compile", TANH, "--model", "symo.models", "--no-disk-cache"],
-                 ["compile", TANH, "--model", "symo.models:no_such_factory", "--no-disk-cache"],
+                 ["compile", TANH, "--model", "symo.train.models:no_such_factory", "--no-disk-cache"],
                  ["compile", TANH, "--shapes", SHAPES_ARG, "--size", "h1=three", "--no-disk-cache"]):
         assert symo.cli.main(argv) in (1, 2)
         err = capsys.readouterr().err
@@ -286,7 +286,7 @@ def test_cli_bad_arguments_exit_nonzero_with_a_message(capsys: pytest.CaptureFix
 
 
 def test_cli_model_factory_matches_library(capsys: pytest.CaptureFixture, fresh_memory) -> None:
-    assert symo.cli.main(["compile", TANH, "--model", "symo.models:mlp_tanh", "--no-disk-cache"]) == 0
+    assert symo.cli.main(["compile", TANH, "--model", "symo.train.models:mlp_tanh", "--no-disk-cache"]) == 0
     out = capsys.readouterr().out
     compiled = symo.compile(TANH, mlp_tanh(), disk_cache=False)
     assert compiled.describe().splitlines()[:-1] == out.splitlines()[:len(compiled.describe().splitlines()) - 1]

@@ -8,7 +8,7 @@ MUON = str(Path(__file__).resolve().parent.parent / "specs" / "muon.toml")
 
 
 def test_optimizer_report_lists_backends_adamw_and_memory(capsys):
-    assert symo.cli.main(["compile", MUON, "--model", "symo.models:mlp_tanh",
+    assert symo.cli.main(["compile", MUON, "--model", "symo.train.models:mlp_tanh",
                           "--no-disk-cache", "--optimizer"]) == 0
     out = capsys.readouterr().out
     assert "backend=" in out

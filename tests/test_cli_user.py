@@ -22,7 +22,7 @@ def test_version(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_params_lists_names_and_shapes(capsys: pytest.CaptureFixture) -> None:
-    assert symo.cli.main(["params", "--model", "symo.models:mlp_tanh"]) == 0
+    assert symo.cli.main(["params", "--model", "symo.train.models:mlp_tanh"]) == 0
     out = capsys.readouterr().out.splitlines()
     model = symo.models.mlp_tanh()
     rows = {line.split()[0]: line.split(None, 1)[1] for line in out[2:]}
@@ -39,7 +39,7 @@ def test_params_lists_names_and_shapes(capsys: pytest.CaptureFixture) -> None:
 ])
 def test_report_fits_in_120_columns_and_points_to_the_docs(capsys: pytest.CaptureFixture, spec: str, model: str,
                                                           options: list[str]) -> None:
-    assert symo.cli.main(["compile", spec, "--model", f"symo.models:{model}", "--no-disk-cache", *options]) == 0
+    assert symo.cli.main(["compile", spec, "--model", f"symo.train.models:{model}", "--no-disk-cache", *options]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 120
     assert "docs/theory.md" in out and (REPO / "docs" / "theory.md").exists()
@@ -63,15 +63,16 @@ ERROR_CASES = {
     "json-shapes-list": (lambda t: ["compile", "mlp_tanh", "--shapes", write(t, "s.json", "[1, 2]")], 1, "JSON"),
     "json-shape-str": (lambda t: ["compile", "mlp_tanh", "--shapes", write(t, "s.json", json.dumps({"a": "6"}))],
                        1, "JSON"),
-    "factory-raises": (lambda t: ["compile", "mlp_tanh", "--model", "symo.models:GPTConfig.__init__"], 1, "--model"),
-    "factory-not-a-module": (lambda t: ["params", "--model", "symo.models:GPTConfig"], 1, "not an nn.Module"),
+    "factory-raises": (lambda t: ["compile", "mlp_tanh", "--model", "symo.train.models:GPTConfig.__init__"], 1,
+                       "--model"),
+    "factory-not-a-module": (lambda t: ["params", "--model", "symo.train.models:GPTConfig"], 1, "not an nn.Module"),
     "missing-module": (lambda t: ["params", "--model", "no_such_module_xyz:f"], 1, "no_such_module_xyz"),
-    "unknown-bundled-name": (lambda t: ["compile", "gpt_muom", "--model", "symo.models:mlp_tanh"], 2, "gpt_muon"),
-    "bad-size": (lambda t: ["compile", "gpt", "--model", "symo.models:mlp_tanh", "--size", "x"], 2, "--size"),
+    "unknown-bundled-name": (lambda t: ["compile", "gpt_muom", "--model", "symo.train.models:mlp_tanh"], 2, "gpt_muon"),
+    "bad-size": (lambda t: ["compile", "gpt", "--model", "symo.train.models:mlp_tanh", "--size", "x"], 2, "--size"),
     "shape-negative": (lambda t: ["compile", "mlp_tanh", "--shapes", "fc1.weight=-3x2"], 1, "negative"),
     "model-no-colon": (lambda t: ["params", "--model", "symo.models"], 2, "--model expects module:factory"),
     "model-empty-module": (lambda t: ["params", "--model", ":f"], 1, "--model ':f'"),
-    "size-superscript": (lambda t: ["compile", "gpt", "--model", "symo.models:mlp_tanh", "--size", "h=1²"], 2,
+    "size-superscript": (lambda t: ["compile", "gpt", "--model", "symo.train.models:mlp_tanh", "--size", "h=1²"], 2,
                          "--size"),
     "train-lr": (lambda t: ["train", "--lr", "-1"], 2, "--lr must be a positive number"),
     "train-device": (lambda t: ["train", "--device", "nonsense"], 2, "--device nonsense"),

@@ -18,7 +18,7 @@ import torch
 from torch.func import functional_call
 
 import symo
-from symo.models import GPT, MLP, GPTConfig
+from symo.train.models import GPT, MLP, GPTConfig
 
 D = torch.float64
 TOL = 1e-10

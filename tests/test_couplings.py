@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import symo
-from symo.models import GPT, GPTConfig, mlp_tanh
+from symo.train.models import GPT, GPTConfig, mlp_tanh
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

@@ -107,7 +107,7 @@ def test_progress_on_a_log_file_is_plain_lines(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_plain_progress_lines_are_periodic(capsys: pytest.CaptureFixture) -> None:
-    from symo.progress import PlainProgress, progress
+    from symo.train.progress import PlainProgress, progress
 
     assert isinstance(progress(total=3), PlainProgress)  # capsys's stderr is no terminal
     for _ in progress(range(5), desc="runs", unit="run", interval=3600):
@@ -136,7 +136,7 @@ h2 = { group = "signed_perm" }      # a true symmetry (tanh is odd)
 def test_compile_with_a_model_warns_about_each_relaxed_space(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     spec = tmp_path / "tanh.toml"
     spec.write_text(TANH_SPEC)
-    base = ["compile", str(spec), "--model", "symo.models:mlp_tanh", "--no-disk-cache"]
+    base = ["compile", str(spec), "--model", "symo.train.models:mlp_tanh", "--no-disk-cache"]
     assert symo.cli.main(base) == 0
     out, err = capsys.readouterr()
     assert "isotypic" in out.lower() or "block" in out.lower()
@@ -145,7 +145,7 @@ def test_compile_with_a_model_warns_about_each_relaxed_space(tmp_path: Path, cap
     assert err.startswith("warning: 1 of 2 spaces is not a true symmetry") and "symo check" in err
     assert symo.cli.main([*base, "--no-check"]) == 0
     assert capsys.readouterr().err == ""
-    assert symo.cli.main(["compile", "mlp_tanh", "--model", "symo.models:mlp_tanh", "--no-disk-cache"]) == 0
+    assert symo.cli.main(["compile", "mlp_tanh", "--model", "symo.train.models:mlp_tanh", "--no-disk-cache"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and "all 2 spaces with a group are true symmetries" in out
 

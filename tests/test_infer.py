@@ -21,9 +21,9 @@ from torch.nn import functional as F
 
 import symo
 from symo.infer import check_spec, infer, infer_spec
-from symo.infer_verify import act, element_matrices, sample_element
-from symo.models import GPT, MLP, GPTConfig
-from symo.models_resnet import resnet_tiny
+from symo.infer.verify import act, element_matrices, sample_element
+from symo.train.models import GPT, MLP, GPTConfig
+from symo.train.models_resnet import resnet_tiny
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -252,7 +252,7 @@ def test_resnet_torchvision_layout():
 
 def test_torchvision_resnet18_same_names_and_inference():
     tv = pytest.importorskip("torchvision")
-    ours = symo.models_resnet.resnet18()
+    ours = symo.train.models_resnet.resnet18()
     theirs = tv.models.resnet18(weights=None)
     assert [(n, tuple(p.shape)) for n, p in ours.named_parameters()] == \
         [(n, tuple(p.shape)) for n, p in theirs.named_parameters()]
@@ -417,9 +417,9 @@ def test_normalisation_decides_the_residual_group(norm, group):
 
 
 def test_numeric_check_narrows_a_group_the_graph_overestimates():
-    from symo.infer import _verify, trace
-    from symo.infer_layout import build_layout
-    from symo.infer_verify import OutputCheck
+    from symo.infer.inference import _verify, trace
+    from symo.infer.layout import build_layout
+    from symo.infer.verify import OutputCheck
 
     torch.manual_seed(0)
     model = MLP((6, 10, 10, 3), act="relu")
@@ -456,7 +456,7 @@ def test_in_place_action_matches_dense_matrices_across_successive_elements(dtype
     """The check's in-place workspace (A_g w written from the originals, tensors put back when the next element
     leaves them alone) equals CompiledSpec.act with dense matrices on fresh float64 copies, element after element
     on different sets of spaces, and never writes the model's own parameters (a float64 model shares dtype)."""
-    from symo.infer_verify import Workspace, act_in_place
+    from symo.infer.verify import Workspace, act_in_place
 
     model = tiny_gpt().to(dtype)
     spec = infer_spec(model)
@@ -488,13 +488,13 @@ def test_cli_infer_writes_a_spec_and_check_reads_it(tmp_path, capsys):
     from symo.cli import main
 
     out = tmp_path / "mlp.toml"
-    assert main(["infer", "--model", "symo.models:mlp_relu", "-o", str(out)]) == 0
+    assert main(["infer", "--model", "symo.train.models:mlp_relu", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "isotypic blocks" in text and "true" in text
     assert load_spec(out).spaces[0].group == "perm"
-    assert main(["check", str(out), "--model", "symo.models:mlp_relu"]) == 0
+    assert main(["check", str(out), "--model", "symo.train.models:mlp_relu"]) == 0
     assert "2 true, 0 relaxed" in capsys.readouterr().out
-    assert main(["check", "mlp_tanh", "--model", "symo.models:mlp_relu"]) == 0
+    assert main(["check", "mlp_tanh", "--model", "symo.train.models:mlp_relu"]) == 0
     assert "0 true, 2 relaxed" in capsys.readouterr().out
 
 

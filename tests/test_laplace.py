@@ -18,7 +18,7 @@ from torch.func import functional_call, jacrev
 
 import symo
 from symo.laplace import SymoLaplace
-from symo.models import MLP
+from symo.train.models import MLP
 
 D = torch.float64
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.models import MLP, Factored
 from symo.optim import Symo, SymoConfig
 from symo.optim.optimizer import muon_path_directions
 from symo.runtime.compiled import NonFiniteGradientError
 from symo.runtime.linalg import geometric_mean, inv_sqrt_newton_schulz, sym_power
+from symo.train.models import MLP, Factored
 
 sys.path.insert(0, str(Path(__file__).parent))
 from references import ReferenceMuon, ReferenceShampoo  # noqa: E402

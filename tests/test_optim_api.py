@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.models import MLP
 from symo.optim import Symo
 from symo.runtime.compiled import NonFiniteGradientError
+from symo.train.models import MLP
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_optim_options import MUON, SIZES, SPECS, TANH, _data, _loss  # noqa: E402

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import symo
-from symo.models import MLP
 from symo.optim import Symo, SymoConfig
+from symo.train.models import MLP
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_optim_options import MUON, SIZES, TANH  # noqa: E402

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.models import MLP, Factored
 from symo.optim import Symo, SymoConfig
+from symo.train.models import MLP, Factored
 
 sys.path.insert(0, str(Path(__file__).parent))
 from block_reference import BlockLayout, ReferenceSymo, psd_function  # noqa: E402

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import symo
-from symo.models import MLP
 from symo.optim import Symo
+from symo.train.models import MLP
 
 sys.path.insert(0, str(Path(__file__).parent))
 from block_reference import psd_function  # noqa: E402

@@ -77,7 +77,7 @@ def test_installed_wheel_works_from_another_folder(wheel: Path, tmp_path: Path) 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["SYMO_CACHE_DIR"] = str(tmp_path / "cache")
     script = (
-        "import symo, symo.models, symo.compiler, importlib.util\n"
+        "import symo, symo.train.models, symo.compiler, importlib.util\n"
         f"assert symo.__file__.startswith({site!r}), symo.__file__\n"
         "assert importlib.util.find_spec('compiler') is None  # no generic top-level package\n"
         "spec = symo.load_spec('gpt_muon')\n"
@@ -85,7 +85,8 @@ def test_installed_wheel_works_from_another_folder(wheel: Path, tmp_path: Path) 
         "opt = symo.Symo(symo.models.mlp_tanh().named_parameters(), 'mlp_tanh')\n"
         "print(spec.name, '|', len(c.blocks), '|', len(opt.compiled.blocks))\n"
         "import symo.cli\n"  # the CLI by bundled name, in the same interpreter (one torch import)
-        "assert symo.cli.main(['compile', 'gpt_muon', '--model', 'symo.models:gpt_small', '--no-disk-cache']) == 0\n"
+        "assert symo.cli.main(['compile', 'gpt_muon', '--model', 'symo.train.models:gpt_small',\n"
+        "                      '--no-disk-cache']) == 0\n"
     )
     ran = run([python, "-c", script], cwd=elsewhere, env=env)
     assert ran.returncode == 0, ran.stderr

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from symo import PRESETS, Symo, SymoConfig
-from symo.models import MLP
+from symo.train.models import MLP
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 HIDDEN_SPEC = """

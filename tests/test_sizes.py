@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from symo.compiler import bind
 
@@ -175,9 +175,20 @@ def brute_force(params, used, given, shapes) -> list[dict[str, int]]:
     return out
 
 
+# systems random exploration found wrong: a + 2ab = 6 with bc = 1 (unique a=2, b=1, c=1) was called
+# inconsistent, and a + 2ab = 27 with b + 2bc = 28 (unique a=3, b=4, c=3) was called underdetermined
+REGRESSIONS = [
+    ({"p0": [["a"], ["a", "b"], ["a", "b"]], "p1": [["b", "c"]]}, ["a", "b", "c"], {}, {"p0": (6,), "p1": (1,)}),
+    ({"p0": [["a"], ["a", "b"], ["a", "b"]], "p1": [["b"], ["b", "c"], ["b", "c"]]}, ["a", "b", "c"], {},
+     {"p0": (27,), "p1": (28,)}),
+]
+
+
 @settings(max_examples=60, database=None, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(systems())
+@example(REGRESSIONS[0])
+@example(REGRESSIONS[1])
 def test_joint_sizes_match_brute_force(system) -> None:
     params, used, given, shapes = system
     text = spec_text(params)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import symo
-from symo.models import MLP
+from symo.train.models import MLP
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

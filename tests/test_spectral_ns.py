@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from symo.models import GPT, MLP, GPTConfig
 from symo.optim import Symo
 from symo.optim.matrix_functions import ns_method
 from symo.runtime.linalg import (
@@ -27,6 +26,7 @@ from symo.runtime.linalg import (
     newton_schulz_spectral,
     spectral_ns_is_cheaper,
 )
+from symo.train.models import GPT, MLP, GPTConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from references import ReferenceMuon  # noqa: E402

@@ -19,7 +19,7 @@ from symo.compiler import compile_spec, find_families, load_spec, parse_spec
 from test_depth_compile import stack_shapes
 
 import symo
-from symo.models import GPT, GPTConfig
+from symo.train.models import GPT, GPTConfig
 
 D = torch.float64
 FAMILY = """

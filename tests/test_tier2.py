@@ -25,7 +25,7 @@ from symo.compiler.diagrams import N, diagrams, gram_matrix
 from symo.compiler.tier2 import check_pieces, derive_tier2, gram_inverse, is_tier2
 
 import symo
-from symo.rnn import RNN, TiedRNN
+from symo.train.rnn import RNN, TiedRNN
 
 D = torch.float64
 TOL = 1e-10

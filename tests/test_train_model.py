@@ -10,9 +10,9 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 import symo
-from symo.models import GPT, GPTConfig
-from symo.muon import Muon
 from symo.train import TrainConfig, build_optimizer
+from symo.train.models import GPT, GPTConfig
+from symo.train.muon import Muon
 
 sys.path.insert(0, str(Path(__file__).parent))
 from references import ReferenceMuon  # noqa: E402
@@ -163,7 +163,7 @@ def test_ns_method_reaches_the_optimizer_and_the_command_line(monkeypatch):
     class Stop(Exception):
         pass
 
-    def fake_train(cfg):
+    def fake_train(cfg, **hooks):  # hooks: the command line's observer
         seen.append(cfg.ns_method)
         raise Stop
 

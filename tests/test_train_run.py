@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -12,10 +13,10 @@ import torch
 import torch.multiprocessing as mp
 
 from symo import cli
-from symo.checkpoint import CheckpointError, load_checkpoint
-from symo.data import DataError, load_corpus, markdown_play_to_text
-from symo.models import GPT, GPTConfig
 from symo.train import TrainConfig, lr_factor, train
+from symo.train.checkpoint import CheckpointError, load_checkpoint
+from symo.train.data import DataError, load_corpus, markdown_play_to_text
+from symo.train.models import GPT, GPTConfig
 
 
 def make_text(path: Path) -> Path:
@@ -98,10 +99,10 @@ def test_resume_by_run_folder_alone_is_bit_identical(tmp_path, capsys, monkeypat
         if step == 3:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as interrupted:
         train(tiny(tmp_path, out_dir=str(tmp_path / "b"), spec="gpt_true"), callback=interrupt)
     run = tmp_path / "b"
-    assert f"continue with: symo train --resume {run}\n" in capsys.readouterr().out
+    assert str(interrupted.value).endswith(f"continue with: symo train --resume {run}")  # what the CLI prints
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # the checkpoint's paths (data, cache) are absolute
@@ -118,6 +119,44 @@ def test_resume_by_run_folder_alone_is_bit_identical(tmp_path, capsys, monkeypat
                            torch.tensor(blob["history"][key]).nan_to_num(-1)), key
     assert cli.main(["train", "--resume", str(run), "--out-dir", str(tmp_path / "a")]) == 2
     assert "name different run folders" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_symo_train_stops_after_the_step_with_a_checkpoint(tmp_path, capsys, monkeypatch):
+    """The command line's Ctrl-C (a real SIGINT, sent during step 2): the run stops after that step, writes
+    its checkpoint, prints how to resume and exits with 130; the previous SIGINT handler is back; the
+    resumed run finishes."""
+    from symo.cli.train import ConsoleReport
+
+    caught = []  # stands in for the previous handler, so a SIGINT that escapes fails this test only
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    stepped = ConsoleReport.stepped
+
+    def stepped_then_ctrl_c(self, report):
+        stepped(self, report)
+        if report.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(ConsoleReport, "stepped", stepped_then_ctrl_c)
+    cfg = tiny(tmp_path)
+    run = Path(cfg.out_dir)
+    args = ["train", "--data", cfg.data, "--cache-dir", cfg.cache_dir, "--out-dir", cfg.out_dir, "--n-layer", "1",
+            "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "4", "--steps", "4",
+            "--eval-interval", "3", "--eval-batches", "1", "--sample-chars", "0", "--optimizer", "adamw",
+            "--threads", "1", "--no-progress"]
+    try:
+        assert cli.main(args) == 130
+        handler_after = signal.getsignal(signal.SIGINT)
+    finally:
+        installed = signal.signal(signal.SIGINT, previous)
+    assert caught == [] and handler_after is installed  # the CLI's handler took the signal, then was removed
+    out = capsys.readouterr().out
+    assert (f"\ninterrupted: checkpoint of step 2 written to {run / 'ckpt.pt'}; continue with: symo train "
+            f"--resume {run}\n") in out
+    assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 2
+    monkeypatch.undo()
+    assert cli.main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert f"run folder: {run} (resumed at step 2 of 4)" in capsys.readouterr().out
+    assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 4
 
 
 def test_bad_checkpoints_give_clear_errors_and_stay_intact(tmp_path):

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import platformdirs
 import torch
 
 SHAKESPEARE = "shakespeare"
@@ -90,8 +91,6 @@ def default_data_cache() -> Path:
     """$SYMO_DATA_CACHE if set, else the user cache folder (platformdirs), e.g. ~/.cache/symo/data."""
     if os.environ.get("SYMO_DATA_CACHE"):
         return Path(os.environ["SYMO_DATA_CACHE"])
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("symo", appauthor=False)) / "data"
 
 

@@ -24,12 +24,14 @@ chain such as GELU's `0.5 x (1 + tanh(...))` is judged as a whole.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .infer_axes import AxisGraph
+from .axes import AxisGraph
 
 LIN, ODD, EVEN, SQ, INV, NONE, CONST = "LIN", "ODD", "EVEN", "SQ", "INV", "NONE", "CONST"
 
@@ -108,11 +110,24 @@ def _arg(args, kwargs, i, name, default=None):
     return kwargs.get(name, default)
 
 
-class Tracer(TorchFunctionMode):
-    """Records parameter-dependent torch calls into an `AxisGraph`."""
+# A handler: (tracer, operation name, args, kwargs, the real output) -> None; it raises (NotImplementedError or
+# any other error) for an argument pattern it does not know, and the operation is then reported as unsupported.
+Handler = Callable[["Tracer", str, tuple, dict, Any], None]
 
-    def __init__(self) -> None:
+
+class Tracer(TorchFunctionMode):
+    """Records parameter-dependent torch calls into an `AxisGraph`.
+
+    `handlers` maps an operation's name (`op_name`) to its handler; `prefix_handlers` are tried in order
+    for a name the table lacks (`max_pool2d` -> "max_pool"). symo.infer.handlers builds both tables. An
+    operation neither knows is recorded as unsupported: its axes are pinned and it is reported by name."""
+
+    def __init__(self, handlers: Mapping[str, Handler], prefix_handlers: Sequence[tuple[str, Handler]] = ()) -> None:
         super().__init__()
+        if not handlers:  # every operation would be "unsupported": a wiring mistake, not a model property
+            raise ValueError("Tracer needs the operation handlers (symo.infer.handlers.HANDLERS)")
+        self.handlers = handlers
+        self.prefix_handlers = tuple(prefix_handlers)
         self.g = AxisGraph()
         self.recs: dict[int, Rec] = {}
         self.keep: list[torch.Tensor] = []  # records are keyed by id(): keep tensors alive
@@ -198,9 +213,9 @@ class Tracer(TorchFunctionMode):
             for t in _tensors(out):
                 self._set(t, [self.g.new(s, pinned=True) for s in t.shape], CONST, data=True)
             return out
-        handler = _HANDLERS.get(name)
+        handler = self.handlers.get(name)
         if handler is None:
-            for key, h in _PREFIX_HANDLERS:
+            for key, h in self.prefix_handlers:
                 if name.startswith(key):
                     handler = h
                     break
@@ -224,19 +239,3 @@ class Tracer(TorchFunctionMode):
             outs += atoms
             self._set(t, atoms, NONE)
         self.unknown.append((name, touched + outs))
-
-
-# ---------------------------------------------------------------- handlers
-_HANDLERS: dict = {}
-_PREFIX_HANDLERS: list = []
-
-
-def _handles(*names):
-    def deco(fn):
-        for n in names:
-            _HANDLERS[n] = fn
-        return fn
-    return deco
-
-
-from . import infer_ops  # noqa: E402,F401  (registers the operation handlers in _HANDLERS)

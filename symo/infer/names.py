@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from .compiler import ParamRule, SpaceDecl, Spec
-from .infer_layout import Layout, is_free
+from ..compiler import ParamRule, SpaceDecl, Spec
+from .layout import Layout, is_free
 
 _CAPTURES = "ijklmn"
 

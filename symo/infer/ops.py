@@ -1,4 +1,4 @@
-"""What each torch operation does to axes and groups: the handlers behind `symo.infer_trace.Tracer`.
+"""What each torch operation does to axes and groups: the handlers behind `symo.infer.trace.Tracer`.
 
 A handler gets the operation's arguments and its real output, unifies, refines, pins or caps the atoms
 of the tensors involved, and records the output's atoms and parity. Raising NotImplementedError makes
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .infer_trace import (
+from .trace import (
     BINARY,
     CONST,
     EVEN,
@@ -26,14 +26,13 @@ from .infer_trace import (
     RESHAPE,
     SQ,
     STATIC_OUT,
+    Handler,
     Tracer,
     _arg,
-    _handles,
     _tensors,
 )
 
 
-@_handles(*IDENTITY)
 def _identity(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(x.shape):
@@ -42,12 +41,10 @@ def _identity(tr: Tracer, name, args, kwargs, out):
     tr._set(out, r.atoms, r.parity, r.data, r.why)
 
 
-@_handles(*STATIC_OUT)
 def _static_out(tr: Tracer, name, args, kwargs, out):
     return  # a fresh tensor of the same shape: fixed, no record
 
 
-@_handles(*LOSSES)
 def _loss(tr: Tracer, name, args, kwargs, out):
     for t in _tensors((args, kwargs)):
         r = tr.rec(t)
@@ -69,7 +66,6 @@ def _unary_parity(fn: str, p: str, exponent=None) -> str:
     return EVEN if p in (EVEN, SQ) else NONE
 
 
-@_handles(*(ODD_FN | EVEN_FN | OTHER_FN))
 def _unary(tr: Tracer, name, args, kwargs, out):
     x = args[0] if args else kwargs.get("input")
     r = tr.rec(x)
@@ -106,7 +102,6 @@ def _align(tr: Tracer, operands, out, name) -> list[int]:
     return atoms[::-1]
 
 
-@_handles(*BINARY)
 def _binary(tr: Tracer, name, args, kwargs, out):
     if name in ("where",):
         cond, a, b = args[0], _arg(args, kwargs, 1, "input"), _arg(args, kwargs, 2, "other")
@@ -206,7 +201,6 @@ def _mul_parity(pa, pb, same: bool) -> str:
     return NONE
 
 
-@_handles(*REDUCE)
 def _reduce(tr: Tracer, name, args, kwargs, out):
     if name in ("max", "min") and len(args) > 1 and isinstance(args[1], torch.Tensor):
         return _binary(tr, "maximum", args, kwargs, out)  # torch.max(a, b): element-wise
@@ -255,7 +249,6 @@ def _reduce(tr: Tracer, name, args, kwargs, out):
             tr._set(t, atoms, parity, r.data)
 
 
-@_handles(*RESHAPE)
 def _reshape(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     r = tr.rec(x)
@@ -272,7 +265,6 @@ def _dims(x, args):
     return [d % x.dim() for d in dims]
 
 
-@_handles("transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "moveaxis", "T", "mT", "adjoint", "mH", "H")
 def _permute(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     r = tr.rec(x)
@@ -300,7 +292,6 @@ def _permute(tr: Tracer, name, args, kwargs, out):
     tr._set(out, [r.atoms[i] for i in order], r.parity, r.data, r.why)
 
 
-@_handles("expand", "expand_as", "broadcast_to", "repeat", "tile")
 def _expand(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     r = tr.rec(x)
@@ -318,7 +309,6 @@ def _expand(tr: Tracer, name, args, kwargs, out):
     tr._set(out, atoms, r.parity, r.data, r.why)
 
 
-@_handles("split", "chunk", "tensor_split", "split_with_sizes", "unbind", "unsafe_split")
 def _split(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     r = tr.rec(x)
@@ -340,7 +330,6 @@ def _split(tr: Tracer, name, args, kwargs, out):
         tr._set(t, atoms, r.parity, r.data, r.why)
 
 
-@_handles("cat", "concat", "concatenate", "stack", "hstack", "vstack")
 def _cat(tr: Tracer, name, args, kwargs, out):
     tensors = list(args[0] if args else kwargs["tensors"])
     d = _arg(args, kwargs, 1, "dim", 0)
@@ -376,7 +365,6 @@ def _cat(tr: Tracer, name, args, kwargs, out):
     tr._set(out, atoms, parity, data)
 
 
-@_handles("__getitem__", "narrow", "select")
 def _index(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     r = tr.rec(x)
@@ -420,4 +408,22 @@ def _index(tr: Tracer, name, args, kwargs, out):
     tr._set(out, atoms, r.parity, r.data, r.why)
 
 
-from . import infer_ops_nn  # noqa: E402,F401  (linear algebra, attention, normalisation, pooling)
+
+# ---------------------------------------------------------------- the table
+# operation name (`op_name`) -> handler; a name in two sets keeps the later entry. symo/infer/handlers.py
+# joins this table with ops_nn's for the tracer.
+HANDLERS: dict[str, Handler] = {
+    **dict.fromkeys(IDENTITY, _identity),
+    **dict.fromkeys(STATIC_OUT, _static_out),
+    **dict.fromkeys(LOSSES, _loss),
+    **dict.fromkeys(ODD_FN | EVEN_FN | OTHER_FN, _unary),
+    **dict.fromkeys(BINARY, _binary),
+    **dict.fromkeys(REDUCE, _reduce),
+    **dict.fromkeys(RESHAPE, _reshape),
+    **dict.fromkeys(("transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "moveaxis", "T", "mT",
+                     "adjoint", "mH", "H"), _permute),
+    **dict.fromkeys(("expand", "expand_as", "broadcast_to", "repeat", "tile"), _expand),
+    **dict.fromkeys(("split", "chunk", "tensor_split", "split_with_sizes", "unbind", "unsafe_split"), _split),
+    **dict.fromkeys(("cat", "concat", "concatenate", "stack", "hstack", "vstack"), _cat),
+    **dict.fromkeys(("__getitem__", "narrow", "select"), _index),
+}

@@ -7,8 +7,9 @@ Written from the published algorithm (Keller Jordan, github.com/KellerJordan/Muo
     u <- NS5(u) * sqrt(max(1, rows / cols)) ;  W <- (1 - lr wd) W - lr u
 
 NS5: X = u / (||u||_F + 1e-7), transposed when tall, five steps of X <- a X + (b A + c A^2) X with
-A = X X^T and (a, b, c) = (3.4445, -4.7750, 2.0315). The published code runs NS5 in bfloat16 on GPU;
-here it runs in float32 (CPU). Embeddings, the (tied) output head, LayerNorm gains and biases go to AdamW.
+A = X X^T and (a, b, c) = (3.4445, -4.7750, 2.0315): the library's one implementation,
+`symo.runtime.linalg.newton_schulz` with `MUON_COEFFS`. The published code runs NS5 in bfloat16 on GPU;
+here it runs in float32. Embeddings, the (tied) output head, LayerNorm gains and biases go to AdamW.
 """
 
 from __future__ import annotations
@@ -17,21 +18,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-NS_COEFFS = (3.4445, -4.7750, 2.0315)
-
-
-def newton_schulz5(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Muon's quintic Newton–Schulz: an approximate polar factor of the matrix g (float32)."""
-    a, b, c = NS_COEFFS
-    x = g.float()
-    tall = x.shape[0] > x.shape[1]
-    if tall:
-        x = x.T
-    x = x / (x.norm() + eps)
-    for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
+from ..optim.adamw import adamw_step
+from ..runtime.linalg import MUON_COEFFS, newton_schulz
 
 
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
@@ -77,7 +65,10 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            (self._muon if group["kind"] == "muon" else self._adamw)(group)
+            if group["kind"] == "muon":
+                self._muon(group)
+            else:
+                adamw_step(group, self.state)  # the library's one AdamW (moments in float32 at least)
         return loss
 
     def _muon(self, group: dict) -> None:
@@ -91,25 +82,7 @@ class Muon(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - beta)
             u = p.grad.lerp(buf, beta) if group["nesterov"] else buf
-            u = newton_schulz5(u.reshape(len(u), -1), group["ns_steps"])
+            u = newton_schulz(u.reshape(len(u), -1).float(), group["ns_steps"], MUON_COEFFS)
             u = u * max(1.0, u.shape[0] / u.shape[1]) ** 0.5
             p.mul_(1 - group["lr"] * group["weight_decay"])
             p.add_(u.reshape(p.shape).to(p.dtype), alpha=-group["lr"])
-
-    def _adamw(self, group: dict) -> None:
-        beta1, beta2 = group["betas"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            st = self.state[p]
-            if "step" not in st:
-                st["step"] = torch.zeros((), dtype=torch.float32)
-                st["exp_avg"] = torch.zeros_like(p)
-                st["exp_avg_sq"] = torch.zeros_like(p)
-            st["step"] += 1
-            t = float(st["step"])
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-            st["exp_avg"].lerp_(p.grad, 1 - beta1)
-            st["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-            denom = (st["exp_avg_sq"].sqrt() / (1 - beta2 ** t) ** 0.5).add_(group["eps"])
-            p.addcdiv_(st["exp_avg"], denom, value=-group["lr"] / (1 - beta1 ** t))

@@ -1,6 +1,6 @@
 """Handlers for layers: linear maps, attention, embeddings, normalisation, convolution and pooling.
 
-See symo/infer_ops.py for the element-wise and shape handlers and the conventions.
+See symo/infer/ops.py for the element-wise and shape handlers and the conventions.
 
 A handler gets the operation's arguments and its real output, unifies, refines, pins or caps the atoms
 of the tensors involved, and records the output's atoms and parity. Raising NotImplementedError makes
@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from .infer_trace import (
-    _HANDLERS,
-    _PREFIX_HANDLERS,
+from .trace import (
     LIN,
     NONE,
     ODD,
+    Handler,
     Tracer,
     _arg,
-    _handles,
 )
 
 
@@ -29,7 +27,6 @@ def _note_out(tr: Tracer, w, axis: int) -> None:
         tr.out_axis.setdefault(name, axis)
 
 
-@_handles("linear")
 def _linear(tr: Tracer, name, args, kwargs, out):
     x, w = args[0], _arg(args, kwargs, 1, "weight")
     b = _arg(args, kwargs, 2, "bias")
@@ -47,7 +44,6 @@ def _linear(tr: Tracer, name, args, kwargs, out):
     tr._set(out, xa[:-1] + [wa[0]], LIN)
 
 
-@_handles("addmm")
 def _addmm(tr: Tracer, name, args, kwargs, out):
     b, m1, m2 = args[0], args[1], args[2]
     a1, a2 = tr.atoms(m1), tr.atoms(m2)
@@ -65,7 +61,6 @@ def _addmm(tr: Tracer, name, args, kwargs, out):
     tr._set(out, [a1[0], a2[1]], LIN)
 
 
-@_handles("matmul", "mm", "bmm", "__matmul__", "__rmatmul__")
 def _matmul(tr: Tracer, name, args, kwargs, out):
     a, b = (args[1], args[0]) if name == "__rmatmul__" else (args[0], args[1])
     A, B = list(tr.atoms(a)), list(tr.atoms(b))
@@ -115,7 +110,6 @@ def _matmul(tr: Tracer, name, args, kwargs, out):
     tr._set(out, atoms, LIN, (ra is None or ra.data) and (rb is None or rb.data))
 
 
-@_handles("scaled_dot_product_attention")
 def _sdpa(tr: Tracer, name, args, kwargs, out):
     q, k, v = args[0], _arg(args, kwargs, 1, "key"), _arg(args, kwargs, 2, "value")
     mask = _arg(args, kwargs, 3, "attn_mask")
@@ -140,7 +134,6 @@ def _sdpa(tr: Tracer, name, args, kwargs, out):
     tr._set(out, Q[:-1] + [V[-1]], LIN)
 
 
-@_handles("embedding")
 def _embedding(tr: Tracer, name, args, kwargs, out):
     idx, w = args[0], _arg(args, kwargs, 1, "weight")
     wa = tr.atoms(w)
@@ -148,7 +141,6 @@ def _embedding(tr: Tracer, name, args, kwargs, out):
     tr._set(out, tr.atoms(idx) + [wa[1]], LIN)
 
 
-@_handles("layer_norm", "rms_norm")
 def _norm(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     shape = _arg(args, kwargs, 1, "normalized_shape")
@@ -177,7 +169,6 @@ def _norm(tr: Tracer, name, args, kwargs, out):
     tr.recs[id(out)].why = name
 
 
-@_handles("batch_norm", "instance_norm")
 def _batch_norm(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     rm = _arg(args, kwargs, 1, "running_mean")
@@ -201,7 +192,6 @@ def _batch_norm(tr: Tracer, name, args, kwargs, out):
     tr.recs[id(out)].why = name
 
 
-@_handles("group_norm")
 def _group_norm(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     r = tr.rec(x)
@@ -249,10 +239,6 @@ def _conv(tr: Tracer, name, args, kwargs, out):
     tr._set(out, ([xa[0]] if batched else []) + [c_out] + spatial, LIN)
 
 
-for _n in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
-    _HANDLERS[_n] = _conv
-
-
 def _pool(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     r = tr.rec(x)
@@ -270,11 +256,6 @@ def _pool(tr: Tracer, name, args, kwargs, out):
         tr.recs[id(res)].why = name
 
 
-_PREFIX_HANDLERS.extend([("max_pool", _pool), ("avg_pool", _pool), ("adaptive_avg_pool", _pool),
-                         ("adaptive_max_pool", _pool), ("lp_pool", _pool)])
-
-
-@_handles("normalize")
 def _normalize(tr: Tracer, name, args, kwargs, out):
     x = args[0]
     r = tr.rec(x)
@@ -286,7 +267,6 @@ def _normalize(tr: Tracer, name, args, kwargs, out):
     tr._set(out, r.atoms, r.parity)
 
 
-@_handles("multi_head_attention_forward")
 def _mha(tr: Tracer, name, args, kwargs, out):
     """nn.MultiheadAttention's packed projections: in_proj rows [(head dqk) | (head dqk) | (head dvo)]."""
     names = ["query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias", "bias_k",
@@ -324,3 +304,26 @@ def _mha(tr: Tracer, name, args, kwargs, out):
     tr._set(res, tr.atoms(q)[:-1] + [oa[0]], LIN)
     if isinstance(out, (tuple, list)) and len(out) > 1 and isinstance(out[1], torch.Tensor):
         tr._set(out[1], [g.new(s, pinned=True) for s in out[1].shape], NONE)
+
+
+# ---------------------------------------------------------------- the tables
+# operation name (`op_name`) -> handler; symo/infer/handlers.py joins this table with ops.py's.
+HANDLERS: dict[str, Handler] = {
+    "linear": _linear,
+    "addmm": _addmm,
+    **dict.fromkeys(("matmul", "mm", "bmm", "__matmul__", "__rmatmul__"), _matmul),
+    "scaled_dot_product_attention": _sdpa,
+    "embedding": _embedding,
+    "layer_norm": _norm, "rms_norm": _norm,
+    "batch_norm": _batch_norm, "instance_norm": _batch_norm,
+    "group_norm": _group_norm,
+    **dict.fromkeys(("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"), _conv),
+    "normalize": _normalize,
+    "multi_head_attention_forward": _mha,
+}
+# names matched by their start (max_pool1d/2d/3d, adaptive_avg_pool2d, ...), tried in order for a name not in
+# HANDLERS
+PREFIX_HANDLERS: tuple[tuple[str, Handler], ...] = (
+    ("max_pool", _pool), ("avg_pool", _pool), ("adaptive_avg_pool", _pool), ("adaptive_max_pool", _pool),
+    ("lp_pool", _pool),
+)

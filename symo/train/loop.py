@@ -5,8 +5,10 @@
     torchrun --nproc_per_node 2 -m symo train    # DistributedDataParallel (gloo on CPU, NCCL on GPU)
 
 A run folder holds `log.csv`, `loss.png` and `ckpt.pt`. The checkpoint is written atomically at every
-evaluation, at the end and on Ctrl-C, and `--resume` continues from it bit-identically: batches are a
-pure function of (seed, step) and the schedule a function of the step, so nothing else needs restoring.
+evaluation, at the end and on an interrupt, and `--resume` continues from it bit-identically: batches are
+a pure function of (seed, step) and the schedule a function of the step, so nothing else needs restoring.
+`train()` prints nothing: it reports to a `TrainObserver` (events.py), which the command line uses to
+show the progress and to stop on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,11 +24,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..compiler import load_spec
+from ..optim import Symo
+from ..runtime.compiled import compile
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
 from .data import Corpus, _mix, load_corpus
+from .events import RunStart, StepReport, TrainInterrupted, TrainObserver
 from .models import GPT, GPTConfig
+from .muon import Muon
 from .runlog import write_csv, write_plot
-from .train_config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
 
 __all__ = ["DEFAULT_LR", "OPTIMIZERS", "RESUME_KEYS", "TrainConfig", "build_optimizer", "lr_factor", "saved_options",
            "train"]
@@ -45,20 +51,16 @@ def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW([p for _, p in named], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     if cfg.optimizer == "muon":
-        from .muon import Muon
-
         return Muon(named, lr=cfg.lr, weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr)
-    import symo
-
-    spec = symo.load_spec(cfg.spec)
+    spec = load_spec(cfg.spec)
     d_head = cfg.n_embd // cfg.n_head
     sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
-    compiled = symo.compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
+    compiled = compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
     if cfg.preset is not None:  # the preset's options; --ns-method overrides only when set
         extra = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
-        return symo.Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
+        return Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
                          adamw_lr=cfg.adamw_lr, **extra)
-    return symo.Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
+    return Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
                      adamw_lr=cfg.adamw_lr, ns_method=cfg.ns_method)
 
 
@@ -129,21 +131,25 @@ def sample(model: GPT, corpus: Corpus, n_chars: int, seed: int, device: str, tem
     return corpus.decode(idx[0, start.numel():].tolist())
 
 
-def train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None = None, *,
+          observer: TrainObserver | None = None) -> dict[str, Any]:
     """Train; see `_train` (this wrapper restores torch's thread count when `cfg.threads` changed it)."""
     previous = torch.get_num_threads()
     try:
-        return _train(cfg, callback)
+        return _train(cfg, callback, observer or TrainObserver())
     finally:
         if cfg.threads:
             torch.set_num_threads(previous)
 
 
-def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None,
+           observer: TrainObserver) -> dict[str, Any]:
     """Train; returns {"run_dir", "history", "final_val", "ms_per_step", "sample", ...}.
 
-    `callback(step, row)` runs after every step (tests raise KeyboardInterrupt from it to stand for Ctrl-C).
-    On KeyboardInterrupt a checkpoint is written before the exception propagates.
+    `callback(step, row)` runs after every step on every process (tests raise KeyboardInterrupt from it to
+    stand for Ctrl-C). `observer` sees the run (events.py). On a KeyboardInterrupt, or when the observer
+    asks to stop, a checkpoint of the last whole step is written and `TrainInterrupted` (a
+    KeyboardInterrupt) raised.
     """
     _check_device(cfg.device)
     if cfg.threads:
@@ -199,17 +205,10 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
 
     lead = rank == 0
     if lead:
-        n_params = sum(p.numel() for p in model.parameters())
-        print(f"symo train: {cfg.optimizer} (lr {cfg.lr:g}{', spec ' + cfg.spec if cfg.optimizer == 'symo' else ''}), "
-              f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {n_params / 1e6:.2f}M parameters), "
-              f"{corpus.name} ({len(corpus.ids):,} chars, vocabulary {corpus.vocab_size}), batch {cfg.batch_size}x"
-              f"{cfg.block_size}, {world} process(es) on {cfg.device}\nrun folder: {run_dir}"
-              + (f" (resumed at step {start} of {cfg.steps})" if blob is not None else ""), flush=True)
-    from .progress import progress
-
-    # --no-progress silences the bar only; on a log file or pipe the bar is plain periodic lines
-    bar = progress(total=cfg.steps, initial=start, disable=not (lead and cfg.progress), unit="step",
-                   dynamic_ncols=True)
+        observer.started(RunStart(config=cfg, run_dir=run_dir, world=world,
+                                  n_params=sum(p.numel() for p in model.parameters()), data_name=corpus.name,
+                                  n_chars=len(corpus.ids), vocab_size=corpus.vocab_size, start_step=start,
+                                  resumed=blob is not None))
     step_times: list[float] = []
     elapsed0 = history["elapsed_s"][-1] if history["elapsed_s"] else 0.0
     t_run = time.perf_counter()
@@ -217,54 +216,51 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
     if start == 0:
         val = evaluate(net, corpus, cfg, rows, device)
         _record(history, 0, float("nan"), float("nan"), val, 0.0)
-    stop = _StopOnInterrupt()
     clean = True  # the model, optimizer and history agree (no step half done)
     try:
-        with stop:
-            for step in range(start, cfg.steps):
-                t0 = time.perf_counter()
-                clean = False
-                for g, base in zip(opt.param_groups, base_lrs):
-                    g["lr"] = base * lr_factor(step, cfg)
-                x, y = corpus.batch("train", step, cfg.batch_size, cfg.block_size, cfg.seed, rows)
-                loss = net(x.to(device), y.to(device))[1]
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                loss = loss.detach()
-                if world > 1:
-                    dist.all_reduce(loss)
-                    loss /= world
-                train_loss = float(loss)
-                step_times.append(time.perf_counter() - t0)
-                done = step + 1
-                val = float("nan")
-                if done % cfg.eval_interval == 0 or done == cfg.steps:
-                    val = evaluate(net, corpus, cfg, rows, device)
-                row = _record(history, done, opt.param_groups[0]["lr"], train_loss, val,
-                              elapsed0 + time.perf_counter() - t_run)
-                clean = True
-                if not math.isnan(val):
-                    checkpoint(done)
-                tok_s = cfg.batch_size * cfg.block_size / (sum(step_times[-20:]) / len(step_times[-20:]))
-                last_val = next((v for v in reversed(history["val_loss"]) if not math.isnan(v)), float("nan"))
-                bar.set_postfix_str(f"loss {train_loss:.3f} val {last_val:.3f} {tok_s:,.0f} tok/s", refresh=False)
-                bar.update(1)
-                if callback is not None:
-                    callback(done, row)
-                if stop.requested(world):
-                    raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        bar.close()
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            clean = False
+            for g, base in zip(opt.param_groups, base_lrs):
+                g["lr"] = base * lr_factor(step, cfg)
+            x, y = corpus.batch("train", step, cfg.batch_size, cfg.block_size, cfg.seed, rows)
+            loss = net(x.to(device), y.to(device))[1]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss = loss.detach()
+            if world > 1:
+                dist.all_reduce(loss)
+                loss /= world
+            train_loss = float(loss)
+            step_times.append(time.perf_counter() - t0)
+            done = step + 1
+            val = float("nan")
+            if done % cfg.eval_interval == 0 or done == cfg.steps:
+                val = evaluate(net, corpus, cfg, rows, device)
+            row = _record(history, done, opt.param_groups[0]["lr"], train_loss, val,
+                          elapsed0 + time.perf_counter() - t_run)
+            clean = True
+            if not math.isnan(val):
+                checkpoint(done)
+            tok_s = cfg.batch_size * cfg.block_size / (sum(step_times[-20:]) / len(step_times[-20:]))
+            last_val = next((v for v in reversed(history["val_loss"]) if not math.isnan(v)), float("nan"))
+            if lead:
+                observer.stepped(StepReport(step=done, row=row, last_val=last_val, tokens_per_s=tok_s))
+            if callback is not None:
+                callback(done, row)
+            if _stop_requested(observer, world):
+                raise KeyboardInterrupt
+    except KeyboardInterrupt as exc:
         done = int(history["step"][-1])
         if clean:
             checkpoint(done)
-        if rank == 0:
-            print(f"\ninterrupted: checkpoint of step {done} written to {ckpt_path}; continue with: symo train "
-                  f"--resume {run_dir}" if clean else
-                  "\ninterrupted mid-step: the last checkpoint was kept", flush=True)
-        raise
-    bar.close()
+        interrupted = TrainInterrupted(done, ckpt_path if clean else None, run_dir)
+        if lead:
+            observer.finished(interrupted)
+        raise interrupted from exc
+    if lead:
+        observer.finished(None)
     result: dict[str, Any] = {"run_dir": run_dir, "history": history, "model": model, "corpus": corpus,
                               "final_val": history["val_loss"][-1], "steps": cfg.steps, "world": world,
                               "ms_per_step": 1e3 * _median(step_times[min(5, len(step_times) - 1):])
@@ -320,33 +316,11 @@ def _run_dir(cfg: TrainConfig, data_name: str, world: int) -> Path:
     return Path(name[0])
 
 
-class _StopOnInterrupt:
-    """The first Ctrl-C asks the loop to stop after the current step (then a checkpoint is written);
-    a second one interrupts at once. Under several processes the request is shared (all-reduce)."""
-
-    def __init__(self) -> None:
-        self.flag = False
-        self.previous = None
-
-    def _handler(self, signum, frame) -> None:
-        if self.flag:
-            raise KeyboardInterrupt
-        self.flag = True
-
-    def __enter__(self) -> _StopOnInterrupt:
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-
-    def requested(self, world: int) -> bool:
-        if world == 1:
-            return self.flag
-        flag = torch.tensor(float(self.flag))
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag)
+def _stop_requested(observer: TrainObserver, world: int) -> bool:
+    """Whether any process's observer asks to stop (under several processes the answers are all-reduced,
+    so every process stops after the same step)."""
+    if world == 1:
+        return observer.stop_requested()
+    flag = torch.tensor(float(observer.stop_requested()))
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag)

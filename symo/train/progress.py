@@ -2,7 +2,7 @@
 elsewhere (a log file, a pipe, CI), so that a redirected run's log is readable text instead of one
 long line of carriage returns.
 
-    from symo.progress import progress
+    from symo.train.progress import progress
     for x in progress(items, desc="runs"): ...
     bar = progress(total=500, unit="step"); bar.update(1); bar.set_postfix_str("loss 1.8"); bar.close()
 """
@@ -29,7 +29,7 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
     most every `interval` seconds, and at the end. Both take `update`, `set_postfix_str`, `close`."""
     stream = sys.stderr if file is None else file
     if _is_terminal(stream):
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # only on a terminal: a log file or `symo --help` never loads it
 
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, disable=disable, file=file,
                     **tqdm_options)

@@ -37,10 +37,11 @@ def smooth(values: list[float], beta: float = 0.9) -> list[float]:
 def write_plot(path: Path, history: dict[str, list[float]], title: str = "") -> Path | None:
     """Train loss (raw and smoothed) and validation loss against the step; None without matplotlib."""
     try:
+        # matplotlib is optional (the bench extra) and heavy: loaded only to plot
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # (optional, as above)
     except ImportError:
         return None
     steps, train, val = history["step"], history["train_loss"], history["val_loss"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..optim.presets import get_preset  # plain data: symo.optim loads torch only on first use
+
 OPTIMIZERS = ("symo", "muon", "adamw")
 # Learning rates of the covered (hidden-matrix) parameters; tuned on the comparison benchmark
 # (benchmarks/results/nanogpt_compare.md). Muon and Symo use Muon's scale (update_scale="muon").
@@ -71,8 +73,6 @@ class TrainConfig:
             name = "eval_batches" if self.eval_batches < 1 else "threads"
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.preset is not None:
-            from .optim.presets import get_preset
-
             if self.optimizer != "symo":
                 raise ValueError(f"--preset applies to --optimizer symo, not {self.optimizer!r}")
             try:

@@ -14,8 +14,8 @@ import torch
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
-from .compiler import BoundSpec
-from .infer_trace import DROPOUT, _tensors, op_name
+from ..compiler import BoundSpec
+from .trace import DROPOUT, _tensors, op_name
 
 
 class NoDropout(TorchFunctionMode):

@@ -4,9 +4,9 @@
     result = symo.infer(model, example_inputs)           # + the verification report
     print(result.report())
 
-Pipeline: trace one forward pass (symo/infer_trace.py) -> axis graph (infer_axes.py) -> layout: spaces,
-groups, per-head owners (infer_layout.py) -> numeric verification in float64, narrowing or dropping
-what fails (infer_verify.py) -> names and {i} patterns (infer_names.py). docs/infer.md explains it.
+Pipeline: trace one forward pass (trace.py, with the operation table of handlers.py) -> axis graph
+(axes.py) -> layout: spaces, groups, per-head owners (layout.py) -> numeric verification in float64,
+narrowing or dropping what fails (verify.py) -> names and {i} patterns (names.py). docs/infer.md explains it.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .compiler import BoundSpec, Spec, SpecError, bind
-from .infer_layout import Dropped, Layout, Space, build_layout, is_free
-from .infer_names import build_spec, name_spaces
-from .infer_trace import Tracer, TraceResult, _tensors
-from .infer_verify import OutputCheck
+from ..compiler import BoundSpec, Spec, SpecError, bind, load_spec, shapes_of
+from ..runtime.compiled import summarize_names
+from .handlers import new_tracer
+from .layout import Dropped, Layout, Space, build_layout, is_free
+from .names import _join, build_spec, name_spaces
+from .trace import TraceResult, _tensors
+from .verify import OutputCheck
 
 NARROWER = {"orthogonal": "signed_perm", "signed_perm": "perm", "perm": None}
 
@@ -87,7 +89,6 @@ class Inference:
         for op, params in self.unknown_ops:
             lines.append(f"unsupported operation {op!r}: axes it touches are left free; parameters: {_short(params)}")
         if self.uncovered:
-            from .runtime.compiled import summarize_names
             lines.append("uncovered: " + summarize_names(self.uncovered))
         lines.extend(f"note: {n}" for n in self.notes)
         lines.append("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
@@ -95,7 +96,6 @@ class Inference:
 
 
 def _short(names: list[str]) -> str:
-    from .runtime.compiled import summarize_names
     return summarize_names(names) if names else "(none)"
 
 
@@ -148,7 +148,7 @@ def normalize_inputs(example_inputs: Any) -> tuple[tuple, dict]:
 
 def trace(model: nn.Module, args: tuple, kwargs: dict) -> TraceResult:
     """One forward pass under the recording mode; buffers (BatchNorm statistics) are restored after."""
-    tr = Tracer()
+    tr = new_tracer()
     for n, p in model.named_parameters():
         tr.add_param(n, p)
     for t in _tensors((args, kwargs)):
@@ -247,7 +247,6 @@ def infer_spec(model: nn.Module, example_inputs: Any = None, *, heads: int | Non
 
 
 def _instance_names(names: dict[int, tuple[str, tuple[str, ...]]]) -> dict[int, str]:
-    from .infer_names import _join
     return {sid: _join(b, idx) for sid, (b, idx) in names.items()}
 
 
@@ -339,8 +338,6 @@ def check_spec(spec: Spec | str, model: nn.Module, example_inputs: Any = None, *
     """For each declared space (hand-written or inferred), the relative change of the model's float64
     outputs under random elements of its group alone: "true" at rounding level, else "relaxed".
     `strict=False`: rules matching none of the model's parameters are dropped (as in `symo.compile`)."""
-    from .compiler import load_spec, shapes_of
-
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
     bound = bind(spec, shapes_of(model), sizes, strict=strict)

@@ -1,0 +1,122 @@
+"""`symo train` on the command line: every TrainConfig field as a --flag, and `--resume RUN_DIR` with
+the options of the run's checkpoint (symo/train/loop.py does the training). What the run shows on
+the terminal lives here, not in the training code: the header, the progress bar, the results, and
+Ctrl-C, which stops the run after the current step with a checkpoint (`ConsoleReport`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import signal
+import sys
+import threading
+from typing import Any
+
+import torch.distributed as dist
+
+from .. import train as training  # the package attribute `training.train`, so tests can stand in for train()
+from ..compiler import SpecError
+from ..train.checkpoint import CheckpointError
+from ..train.config import TrainConfig
+from ..train.data import DataError
+from ..train.events import RunStart, StepReport, TrainInterrupted, TrainObserver
+from ..train.progress import progress
+from .common import _describe
+
+__all__ = ["ConsoleReport", "train_command"]
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """`symo train ...`: train with the options given (and, with --resume RUN_DIR, the run's others)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    try:
+        options = dict(given)
+        resume = given.get("resume")
+        run_dir = resume if isinstance(resume, str) else given.get("out_dir") if resume else None
+        if isinstance(resume, str) and given.get("out_dir") not in (None, resume):
+            raise ValueError(f"--resume {resume} and --out-dir {given['out_dir']} name different run folders; "
+                             "give one of them")
+        if run_dir is not None:  # resuming: the checkpoint's options, then those given on the command line
+            options = {**training.saved_options(run_dir), **given, "resume": True, "out_dir": run_dir}
+        cfg = TrainConfig(**options)
+        with ConsoleReport(show_bar=cfg.progress) as report:
+            result = training.train(cfg, observer=report)
+    except (CheckpointError, DataError, SpecError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a run folder or file the system refuses (too long a name, no permission, ...)
+        print(f"error: {_describe(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if dist.is_initialized():  # under torchrun
+            dist.destroy_process_group()
+    if result.get("sample") is not None:  # rank 0; --no-progress silences only the progress bar
+        h = result["history"]
+        train_loss = next((v for v in reversed(h["train_loss"]) if v == v), float("nan"))
+        ms = result["ms_per_step"]
+        speed = f"{ms:.0f} ms/step" if math.isfinite(ms) else "no steps left (the checkpoint was at the last step)"
+        print(f"\nstep {result['steps']}: val loss {result['final_val']:.4f} (train {train_loss:.4f}), "
+              f"{h['elapsed_s'][-1]:.0f} s, {speed}")
+        if result["sample"]:
+            print("\n--- sample ---\n" + result["sample"].strip() + "\n--------------")
+        print(f"loss plot: {result.get('plot') or '(none: matplotlib is missing; pip install matplotlib)'}")
+        print(f"log: {result['run_dir'] / 'log.csv'}   checkpoint: {result['run_dir'] / 'ckpt.pt'}")
+    return 0
+
+
+class ConsoleReport(TrainObserver):
+    """`symo train`'s terminal output and Ctrl-C handling, as an observer of `train()`.
+
+    Prints the run's header and the interrupt message on stdout and draws the progress bar on stderr
+    (`show_bar=False`, from --no-progress, leaves out only the bar; on a log file or pipe the bar is
+    plain periodic lines). Inside `with`, the first Ctrl-C asks the run to stop after the current step
+    (then a checkpoint is written); a second one interrupts at once.
+    """
+
+    def __init__(self, show_bar: bool = True) -> None:
+        self.show_bar = show_bar
+        self.stop = False
+        self.bar: Any = None
+        self.previous_handler: Any = None
+
+    def __enter__(self) -> ConsoleReport:
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            self.previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous_handler is not None:
+            signal.signal(signal.SIGINT, self.previous_handler)
+            self.previous_handler = None
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self.stop:
+            raise KeyboardInterrupt
+        self.stop = True
+
+    def stop_requested(self) -> bool:
+        return self.stop
+
+    def started(self, run: RunStart) -> None:
+        cfg = run.config
+        print(f"symo train: {cfg.optimizer} (lr {cfg.lr:g}{', spec ' + cfg.spec if cfg.optimizer == 'symo' else ''}), "
+              f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {run.n_params / 1e6:.2f}M parameters), "
+              f"{run.data_name} ({run.n_chars:,} chars, vocabulary {run.vocab_size}), batch {cfg.batch_size}x"
+              f"{cfg.block_size}, {run.world} process(es) on {cfg.device}\nrun folder: {run.run_dir}"
+              + (f" (resumed at step {run.start_step} of {cfg.steps})" if run.resumed else ""), flush=True)
+        self.bar = progress(total=cfg.steps, initial=run.start_step, disable=not self.show_bar, unit="step",
+                            dynamic_ncols=True)
+
+    def stepped(self, report: StepReport) -> None:
+        self.bar.set_postfix_str(f"loss {report.row['train_loss']:.3f} val {report.last_val:.3f} "
+                                 f"{report.tokens_per_s:,.0f} tok/s", refresh=False)
+        self.bar.update(1)
+
+    def finished(self, interrupted: TrainInterrupted | None) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if interrupted is not None:
+            print(f"\n{interrupted}", flush=True)

@@ -1,0 +1,68 @@
+"""The symo.infer package's structure at run time: every module imports on its own in a fresh interpreter,
+the package loads no higher room, and the tracer's operation table is assembled explicitly. (The import
+rules read from the source, cycles included, are tests/test_architecture.py's, for every module.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from symo.infer import handlers, ops, ops_nn
+from symo.infer.trace import Tracer
+
+MODULES = ["symo.infer", "symo.infer.axes", "symo.infer.trace", "symo.infer.ops", "symo.infer.ops_nn",
+           "symo.infer.handlers", "symo.infer.layout", "symo.infer.names", "symo.infer.verify",
+           "symo.infer.inference"]
+# rooms above spec inference, and the sibling rooms of room 3: symo.infer imports none of them
+HIGHER = ["symo.optim", "symo.train", "symo.cli", "symo.experiments", "symo.hessian", "symo.laplace", "symo.gauge"]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_imports_alone_in_a_fresh_interpreter(module: str) -> None:
+    done = _python(f"import {module}")
+    assert done.returncode == 0, done.stderr
+
+
+def test_package_imports_no_higher_room() -> None:
+    done = _python(f"import sys, symo.infer.inference; print([m for m in {HIGHER!r} if m in sys.modules])")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_operation_table_is_the_union_of_the_handler_modules() -> None:
+    assert not ops.HANDLERS.keys() & ops_nn.HANDLERS.keys()  # so the join's order picks no winner
+    assert handlers.HANDLERS == {**ops.HANDLERS, **ops_nn.HANDLERS}
+    assert {"linear", "add", "view", "cat", "layer_norm", "conv2d"} <= handlers.HANDLERS.keys()
+    assert [key for key, _ in handlers.PREFIX_HANDLERS] == ["max_pool", "avg_pool", "adaptive_avg_pool",
+                                                            "adaptive_max_pool", "lp_pool"]
+
+
+def test_tracer_without_handlers_is_refused() -> None:
+    with pytest.raises(ValueError, match="handlers"):
+        Tracer({})
+
+
+def test_old_module_paths_alias_the_new_modules_with_a_warning() -> None:
+    """symo.infer_trace and the other flat modules of before keep importing, as the same module objects."""
+    old = ["axes", "layout", "names", "ops", "ops_nn", "trace", "verify"]
+    code = ("import importlib, warnings\n"
+            f"for name in {old!r}:\n"
+            "    with warnings.catch_warnings(record=True) as caught:\n"
+            "        warnings.simplefilter('always')\n"
+            "        module = importlib.import_module('symo.infer_' + name)\n"
+            "    assert module is importlib.import_module('symo.infer.' + name), name\n"
+            "    assert any(w.category is DeprecationWarning and f'moved to symo.infer.{name}' in str(w.message)\n"
+            "               for w in caught), name\n"
+            "print('ok')\n")
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
