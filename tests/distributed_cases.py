@@ -14,15 +14,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from symo.models import GPT, MLP
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 import symo.optim.optimizer as optimizer_module
-from symo.models import GPT, MLP
 from symo.optim import Symo
-from symo.rnn import RNN
+from symo.train.rnn import RNN
 
 BATCH = 8  # divisible by 1, 2 and 4: every rank's slice has the same size, so averaged gradients agree
 STEPS = 5

@@ -23,12 +23,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-
-if dist.is_available():
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-else:  # a torch built without torch.distributed: one process, and no parameter is a DTensor
-    class DTensor(torch.Tensor):  # type: ignore[no-redef]
-        """Stands in for torch.distributed.tensor.DTensor, of which nothing is an instance."""
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..runtime.compiled import NonFiniteGradientError, check_finite_tensors
 from .config import DistributedConfig
