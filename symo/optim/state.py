@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .distributed import shard_like
 from .plan import Stage
 
 
@@ -20,14 +21,17 @@ def checkpoint_meta(plan: list[Stage]) -> dict[str, Any]:
 def own_loaded_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """After torch's load_state_dict: torch casts per-parameter state to the parameter's dtype (bf16
     momentum, float64 statistics!) and keeps `step` shared with the loaded dict, so the saved dtypes are
-    restored as private copies on the parameter's device; block statistics (keyed by block id, under the
+    restored as private copies on the parameter's device (whole tensors of a consolidated checkpoint
+    become this rank's shards of a DTensor parameter); block statistics (keyed by block id, under the
     stage's key or on an anchor parameter) move to the device of their block's first parameter."""
     keys = {stage.key for stage in opt.plan}
     saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
     for i, p in zip(saved_ids, (p for g in opt.param_groups for p in g["params"])):
         for k, v in state_dict["state"].get(i, {}).items():
-            if torch.is_tensor(v):
-                opt.state[p][k] = v.to(device=v.device if k == "step" else p.device, copy=True)
+            if torch.is_tensor(v) and k == "step":
+                opt.state[p][k] = v.to(device=v.device, copy=True)
+            elif torch.is_tensor(v):  # a whole tensor for a sharded parameter: this rank's rows of it
+                opt.state[p][k] = shard_like(v.to(device=p.device, copy=True), p)
             elif k in keys and isinstance(v, dict):
                 opt.state[p][k] = {b: _owned(st, p.device) for b, st in v.items()}
     devices = {n: p.device for g in opt.param_groups for n, p in zip(g["param_names"], g["params"])}
