@@ -15,6 +15,7 @@ parameter bytes per rank) or DDP's (all-reduce of the gradients, 2 (w - 1) / w p
 
     python benchmarks/distributed.py            # small GPT, 2 warm-up + 5 timed steps, one thread per process
     python benchmarks/distributed.py --quick    # 1 + 2 steps
+    python benchmarks/distributed.py --device cuda --backend nccl --worlds 1,2    # one GPU per process
 
 Writes benchmarks/results/distributed.{md,json}; the JSON is
 {mode: {world: {spec: {"bytes", "collectives", "matrix_functions_per_rank", "matrix_functions_total",
@@ -37,13 +38,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from symo.models import GPT
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import symo.optim.optimizer as optimizer_module
-from symo.models import GPT
 from symo.optim import Symo
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -120,9 +121,10 @@ def _counting(calls: Counter):
     optimizer_module.single_statistic_apply, optimizer_module.stored_power = single_counted, stored_counted
 
 
-def run_one(spec: str, wrap: str, mode: str, warmup: int, steps: int, world: int, rank: int) -> dict:
+def run_one(spec: str, wrap: str, mode: str, warmup: int, steps: int, world: int, rank: int,
+            device: str = "cpu") -> dict:
     torch.manual_seed(0)
-    net = model()
+    net = model().to(device)
     n_params = sum(p.numel() for p in net.parameters())
     if wrap == "fsdp":
         for block in net.transformer.h:
@@ -130,7 +132,7 @@ def run_one(spec: str, wrap: str, mode: str, warmup: int, steps: int, world: int
         fully_shard(net)
         inner = net
     elif wrap == "ddp":
-        net = DistributedDataParallel(net)
+        net = DistributedDataParallel(net, device_ids=[device] if device.startswith("cuda") else None)
         inner = net.module
     else:
         inner = net
@@ -140,16 +142,18 @@ def run_one(spec: str, wrap: str, mode: str, warmup: int, steps: int, world: int
     times, traffic = [], []
     for step in range(warmup + steps):
         gen = torch.Generator().manual_seed(step)
-        idx = torch.randint(0, VOCAB, (BATCH, BLOCK), generator=gen)
+        idx = torch.randint(0, VOCAB, (BATCH, BLOCK), generator=gen).to(device)
         rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
         opt.zero_grad()
         net(idx[rows], idx[rows])[1].backward()
         counter = Traffic(world)
         if dist.is_initialized():
             dist.barrier()
+        sync(device)
         start = time.perf_counter()
         with counter:
             opt.step()
+        sync(device)
         times.append(time.perf_counter() - start)
         traffic.append((counter.collectives, counter.bytes))
         if step == warmup - 1:
@@ -158,12 +162,21 @@ def run_one(spec: str, wrap: str, mode: str, warmup: int, steps: int, world: int
             "bytes": traffic[-1][1], "matrix_functions": sum(calls.values()) / steps, "params": n_params}
 
 
-def worker(rank: int, world: int, port: int, folder: str, warmup: int, steps: int) -> None:
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def worker(rank: int, world: int, port: int, folder: str, warmup: int, steps: int, device: str,
+           backend: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if device == "cuda":
+        device = f"cuda:{rank}"
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world)
     try:
-        out = {f"{m}|{s}": run_one(s, w, mode, warmup, steps, world, rank)
+        out = {f"{m}|{s}": run_one(s, w, mode, warmup, steps, world, rank, device)
                for m, (w, mode) in MODES.items() for s in SPECS}
         Path(folder, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
@@ -182,17 +195,21 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="1 warm-up and 2 timed steps")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (one GPU per process)")
+    ap.add_argument("--backend", default="gloo", help="gloo, or nccl (with --device cuda)")
     ap.add_argument("--out", default=str(RESULTS / "distributed"))
     args = ap.parse_args()
     if args.quick:
         args.warmup, args.steps = 1, 2
     torch.set_num_threads(1)
-    alone = {s: run_one(s, "none", "off", args.warmup, args.steps, 1, 0) for s in SPECS}
+    alone = {s: run_one(s, "none", "off", args.warmup, args.steps, 1, 0, args.device) for s in SPECS}
     result: dict = {m: {} for m in MODES}
     for world in (int(w) for w in args.worlds.split(",")):
         with tempfile.TemporaryDirectory() as folder:
-            mp.start_processes(worker, args=(world, free_port(), folder, args.warmup, args.steps), nprocs=world,
-                               start_method="fork")
+            # fork is quick on CPU; CUDA needs fresh processes
+            mp.start_processes(worker, args=(world, free_port(), folder, args.warmup, args.steps, args.device,
+                                             args.backend), nprocs=world,
+                               start_method="spawn" if args.device.startswith("cuda") else "fork")
             ranks = [json.loads(Path(folder, f"rank{r}.json").read_text()) for r in range(world)]
         for m, (wrap, _) in MODES.items():
             for s in SPECS:
@@ -216,14 +233,17 @@ def main() -> None:
 
 def report(result: dict, args) -> str:
     n = next(iter(result["one_process"].values()))["params"]
+    extra = "" if args.device == "cpu" else f" --device {args.device} --backend {args.backend}"
+    cores = "" if args.device != "cpu" else (
+        f" The machine has {os.cpu_count()} cores, shared with other jobs while this ran, so the processes share "
+        "them: the step times show the overhead of the exchanges, not a speed-up.")
     lines = ["# Symo on several processes (benchmarks/distributed.py)", "",
              f"Command: `python benchmarks/distributed.py --worlds {args.worlds} --warmup {args.warmup} "
-             f"--steps {args.steps}`",
-             f"Machine: {platform.machine()}, torch {torch.__version__}, gloo on CPU, one torch thread per process; "
+             f"--steps {args.steps}{extra}`",
+             f"Machine: {platform.machine()}, torch {torch.__version__}, {args.backend} on {args.device}, one torch "
+             "thread per process; "
              f"GPT with 2 layers, d_model 64, 4 heads ({n:,} parameters), float32, global batch {BATCH} x {BLOCK}, "
-             "default Symo options (the Muon path) with update_scale='muon'. The machine has 2 cores shared with "
-             "other jobs, so 2 and 4 processes share them: the step times show the overhead of the exchanges, "
-             "not a speed-up.", "",
+             "default Symo options (the Muon path) with update_scale='muon'." + cores, "",
              "bytes: sent per optimizer step, summed over the ranks; collectives: per rank and step; matrix "
              "functions: the busiest rank's / all ranks'; x one: the slowest rank's median step time over one "
              "process's; training traffic: FSDP2's own per training step (3 (w-1)/w of the parameter bytes per "
