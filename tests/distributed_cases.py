@@ -38,6 +38,18 @@ class Case:
     options: dict[str, Any] = field(default_factory=lambda: {"beta2": 0.9, "damping": 1e-3})
 
 
+class TwoBranches(nn.Module):
+    """Two tanh MLPs on the same input, summed: `low` in float32 (made so by `build`), `high` in float64, so
+    a step exchanges tensors of two dtypes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.low, self.high = MLP((8, 11, 4)), MLP((8, 7, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.low(x.float()).double() + self.high(x)
+
+
 def _gpt(n_layer: int = 2) -> nn.Module:
     # d_model 10: c_attn has 30 rows, c_fc 40 and the vocabulary 11, so 4 ranks shard unevenly
     return GPT(n_layer=n_layer, n_head=2, n_embd=10, vocab_size=11, block_size=8)
@@ -56,6 +68,8 @@ CASES: dict[str, Case] = {
     # two-sided Shampoo: two stages, whose blocks together make the components
     "shampoo_gm": Case(lambda: MLP((8, 15, 13, 4)), "shampoo_rows", "fc2.weight",
                        options={"beta2": 0.9, "damping": 1e-3, "geometric_mean_with": "shampoo_cols"}),
+    # two dtypes: one exchange per dtype each way
+    "mixed_dtypes": Case(TwoBranches, "two_branches", "high.fc1.bias"),
     # collectives must not grow with the parameters: the same MLP, three times deeper
     "mlp_deep": Case(lambda: MLP((8, 15, 13, 11, 9, 7, 6, 4)), "mlp_tanh_deep", "fc2.bias"),
 }
@@ -69,6 +83,16 @@ def deep_spec() -> str:
         rows += [f'"fc{i}.weight" = ["h{i}", "h{i - 1}"]', f'"fc{i}.bias" = ["h{i}"]']
     rows += ['"fc7.weight" = ["_", "h6"]', '"fc7.bias" = ["_"]']
     return 'name = "deep tanh MLP"\n\n[spaces]\n' + spaces + "\n\n[params]\n" + "\n".join(rows) + "\n"
+
+
+def two_branches_spec() -> str:
+    """Each branch's hidden units as a signed_perm space (the bundled tanh MLP spec, once per branch)."""
+    rows = []
+    for branch in ("low", "high"):
+        rows += [f'"{branch}.fc1.weight" = ["{branch}", "_"]', f'"{branch}.fc1.bias" = ["{branch}"]',
+                 f'"{branch}.fc2.weight" = ["_", "{branch}"]']
+    return ('name = "two branches"\n\n[spaces]\nlow = { group = "signed_perm" }\nhigh = { group = "signed_perm" }'
+            "\n\n[params]\n" + "\n".join(rows) + "\n")
 
 
 def batch(name: str, step: int) -> tuple[torch.Tensor, ...]:
@@ -94,6 +118,8 @@ def build(name: str, spec_dir: str, seed: int = 0) -> tuple[nn.Module, Case]:
     case = CASES[name]
     torch.manual_seed(seed)
     model = case.build().double()
+    if isinstance(model, TwoBranches):
+        model.low.float()
     model.get_parameter(case.frozen).requires_grad_(False)
     return model, case
 
@@ -103,7 +129,7 @@ def make_optimizer(name: str, model: nn.Module, case: Case, spec_dir: str, mode:
     half = len(named) // 2  # two groups: other rates and weight decay
     groups = [{"params": named[:half], "lr": 0.02}, {"params": named[half:], "lr": 0.01, "weight_decay": 0.1,
                                                      "adamw_lr": 0.002}]
-    spec = os.path.join(spec_dir, "mlp_tanh_deep.toml") if case.spec == "mlp_tanh_deep" else case.spec
+    spec = os.path.join(spec_dir, f"{case.spec}.toml") if case.spec in ("mlp_tanh_deep", "two_branches") else case.spec
     return Symo(groups, spec, sizes=case.sizes, distributed_mode=mode, **case.options)
 
 

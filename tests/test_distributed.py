@@ -27,8 +27,10 @@ from distributed_cases import (
     init,
     make_optimizer,
     train,
+    two_branches_spec,
     wrap,
 )
+from symo.models import MLP
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -36,12 +38,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from symo.models import MLP
 from symo.optim import DistributedConfig, Symo, SymoConfig
 from symo.optim.distributed import assign_owners, coupling_components, resolve_mode
 
 MODES = ("fsdp", "replicated")
-EQUIVALENCE = ("mlp_tanh", "gpt_muon", "gpt_muon_path", "gpt_true", "rnn_tanh", "mlp_gradient", "shampoo_gm")
+EQUIVALENCE = ("mlp_tanh", "gpt_muon", "gpt_muon_path", "gpt_true", "rnn_tanh", "mlp_gradient", "shampoo_gm",
+               "mixed_dtypes")
 _RUNS: dict[int, dict] = {}
 
 
@@ -64,8 +66,9 @@ def runs(world: int, tmp_path_factory) -> dict:
     """{"ranks": [per rank {(mode, case): record}], "one": {case: one process's record}}, computed once."""
     if world not in _RUNS:
         spec_dir = str(tmp_path_factory.mktemp(f"world{world}"))
-        with open(os.path.join(spec_dir, "mlp_tanh_deep.toml"), "w") as f:
-            f.write(deep_spec())
+        for spec_name, text in (("mlp_tanh_deep", deep_spec()), ("two_branches", two_branches_spec())):
+            with open(os.path.join(spec_dir, f"{spec_name}.toml"), "w") as f:
+                f.write(text)
         mp.start_processes(_worker, args=(world, free_port(), spec_dir), nprocs=world, start_method="fork")
         ranks = [torch.load(os.path.join(spec_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
         one = {}
@@ -81,14 +84,15 @@ def runs(world: int, tmp_path_factory) -> dict:
 @pytest.mark.parametrize("mode", MODES)
 def test_equal_to_one_process_after_five_steps(world, mode, tmp_path_factory):
     """float64: the sharded or replicated run's parameters equal one process's to 1e-10 (relative to the
-    parameter's largest entry; what differs is only the order of the gradients' sums)."""
+    parameter's largest entry; what differs is only the order of the gradients' sums). The mixed-dtype
+    case to 1e-5: its float32 branch's rounding reaches the float64 one through the loss."""
     results = runs(world, tmp_path_factory)
     for name in EQUIVALENCE:
         got, want = results["ranks"][0][mode, name]["params"], results["one"][name]["params"]
         assert set(got) == set(want), name
         for n, w in want.items():
             err = float((got[n] - w).abs().max() / w.abs().max().clamp_min(1e-300))
-            assert err < 1e-10, (name, n, err)
+            assert err < (1e-5 if name == "mixed_dtypes" else 1e-10), (name, n, err)
         frozen = CASES[name].frozen
         assert torch.equal(got[frozen], build(name, "")[0].get_parameter(frozen).detach()), (name, "frozen moved")
 
@@ -113,15 +117,17 @@ def test_each_block_is_computed_on_exactly_one_rank(world, mode, tmp_path_factor
 @pytest.mark.parametrize("world", [2, 4])
 def test_collectives_per_step_do_not_grow_with_the_parameters(world, tmp_path_factory):
     """FSDP2: one all-reduce (the finite-gradient check) and one all-to-all each way per dtype (the raw
-    gradients' statistics: one more, for the gradients); DDP: the updates' all-to-all alone. The same
-    for a 3-layer MLP, a 7-layer one and the GPTs."""
+    gradients' statistics: one more, for the gradients); DDP: the updates' all-to-all alone, per dtype.
+    The same for a 3-layer MLP, a 7-layer one and the GPTs."""
     results = runs(world, tmp_path_factory)
     for rank_results in results["ranks"]:
         for name in EQUIVALENCE + ("mlp_deep",):
-            extra = CASES[name].options.get("source") == "gradient"
-            assert rank_results["fsdp", name]["collectives"] == [3 + extra] * STEPS, name
+            dtypes = 2 if name == "mixed_dtypes" else 1
+            ways = 2 + (CASES[name].options.get("source") == "gradient")
+            assert rank_results["fsdp", name]["collectives"] == [1 + dtypes * ways] * STEPS, name
         for name in EQUIVALENCE:
-            assert rank_results["replicated", name]["collectives"] == [1] * STEPS, name
+            dtypes = 2 if name == "mixed_dtypes" else 1
+            assert rank_results["replicated", name]["collectives"] == [dtypes] * STEPS, name
 
 
 def _resume_worker(rank: int, world: int, port: int, folder: str) -> None:

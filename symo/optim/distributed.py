@@ -374,32 +374,3 @@ def shard_like(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return DTensor.from_local(local.clone(), p.device_mesh, p.placements, run_check=False, shape=p.shape,
                               stride=p.stride())
 
-
-def consolidated_state_dict(opt: Any) -> dict[str, Any]:
-    """`opt.state_dict()` as one process would hold it: DTensor state gathered into whole tensors, and
-    every owner's block statistics gathered under the stages' keys. Collective: every rank calls it
-    and gets the same dict, which `load_state_dict` takes on any number of ranks."""
-    sd = opt.state_dict()
-    distributor = opt.distributor
-    if distributor is None:
-        return sd
-    keys = [stage.key for stage in opt.plan]
-    mine: dict[str, dict] = {key: {} for key in keys}
-    state: dict[Any, Any] = {}
-    for i in sorted(sd["state"], key=str):  # the same order on every rank: full_tensor is a collective
-        entry = dict(sd["state"][i])
-        for key in keys:
-            mine[key].update(entry.pop(key, None) or {})
-        state[i] = {k: (entry[k].full_tensor() if isinstance(entry[k], DTensor) else entry[k]) for k in sorted(entry)}
-    gathered: list[Any] = [None] * distributor.world
-    if distributor.world > 1:
-        dist.all_gather_object(gathered, {k: {b: {n: (v.cpu() if torch.is_tensor(v) else v) for n, v in st.items()}
-                                              for b, st in blocks.items()} for k, blocks in mine.items()},
-                               group=distributor.group)
-    else:
-        gathered = [mine]
-    for key in keys:
-        blocks = {b: st for theirs in gathered for b, st in theirs[key].items()}
-        if blocks:
-            state[key] = blocks
-    return {**sd, "state": state}

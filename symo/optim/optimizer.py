@@ -28,7 +28,7 @@ import torch
 
 from ..compiler import Spec
 from ..runtime.compiled import CompiledSpec, check_finite_tensors
-from . import distributed, report, state
+from . import report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
 from .config import FEATURES, FLAT, SymoConfig
@@ -292,7 +292,7 @@ class Symo(torch.optim.Optimizer):
         """The state as one process holds it, on every rank: sharded state gathered into whole tensors and
         every owner's block statistics under the stages' keys (collective: every rank calls it). What a
         rank-0 `torch.save` checkpoint needs; `load_state_dict` takes it on any number of ranks."""
-        return {**distributed.consolidated_state_dict(self), "symo": state.checkpoint_meta(self.plan)}
+        return {**state.consolidated_state_dict(self), "symo": state.checkpoint_meta(self.plan)}
 
     def state_bytes(self) -> int:
         """Bytes held in optimizer state tensors (momentum, AdamW moments, block statistics)."""
