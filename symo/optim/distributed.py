@@ -167,6 +167,8 @@ class ExchangeDistributor:
 
     def check_finite(self, grads: Tensors) -> None:
         local = {n: self.local(g) for n, g in grads.items()}
+        if not local:  # no gradient anywhere (the same parameters have gradients on every rank)
+            return
         error = None
         try:
             check_finite_tensors(local, list(local))
