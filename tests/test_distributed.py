@@ -223,3 +223,22 @@ def test_replicated_alone_equals_one_process_and_loads_either_layout():
     train("mlp_tanh", "", "off", range(2, 4), twin, swapped_anchored)
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
+
+
+def test_one_process_checkpoints_through_dcp_in_the_replicated_mode(tmp_path):
+    """Without a process group the replicated mode is one rank with anchored statistics: DCP saves and
+    restores them (beta2 > 0), and the resumed run is bit-identical."""
+    model, case = build("mlp_tanh", "")
+    opt = make_optimizer("mlp_tanh", model, case, "", "replicated")
+    train("mlp_tanh", "", "off", range(3), model, opt)
+    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+             checkpoint_id=tmp_path)
+    train("mlp_tanh", "", "off", range(3, STEPS), model, opt)
+    fresh = build("mlp_tanh", "", seed=1)[0]
+    fresh_opt = make_optimizer("mlp_tanh", fresh, case, "", "replicated")
+    state = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
+    dcp.load(state, checkpoint_id=tmp_path)
+    set_model_state_dict(fresh, state["model"])
+    set_optimizer_state_dict(fresh, fresh_opt, state["optim"])
+    train("mlp_tanh", "", "off", range(3, STEPS), fresh, fresh_opt)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
