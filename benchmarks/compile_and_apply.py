@@ -1,6 +1,7 @@
 """Compile time of the GPT spec and the cost of S^{-1/2} g on a Muon-style matrix.
 
-    python benchmarks/compile_and_apply.py [--reps 7] [--size 1024]
+    python -m benchmarks.compile_and_apply            # writes benchmarks/results/compile_and_apply.{md,json}
+    python -m benchmarks.compile_and_apply --quick    # a smoke run (small sizes, one rep), to a temp dir
 
 1. Compile specs/gpt.toml for GPT-2 small shapes (12 layers): cold in a fresh interpreter (imports
    included), cold in-process (empty caches), warm from the disk cache (fresh interpreter), warm from
@@ -9,15 +10,15 @@
    free), as a ratio to G (G^T G)^{-1/2} computed directly with torch in the same run (target <= 1.5x).
 3. The tanh RNN spec (tier 2, specs/rnn_tanh.toml) at hidden width 512: cold compile in a fresh
    interpreter, and orbit_average + power(-1/2) + matvec as a ratio to one forward-backward pass of
-   the RNN on 32 sequences of length 50 (target <= 0.5). `--rnn-only` runs just this part.
+   the RNN on 32 sequences of length 50 (target <= 0.5).
 4. Depth sweep: a `{i}` stack (`layers.{i}.fc1.weight = ["h{i}", "_"]`, its bias,
    `fc2.weight = ["_", "h{i}"]`, widths 64/32) at 12, 100, 400, 1000 layers with `h{i}` perm and
    signed_perm, cold compile in a fresh interpreter per run, median of `--depth-reps` runs (target:
    400 perm layers < 2 s); and GPT-2 XL (48 layers) with the true-symmetry spec (gpt.toml with perm
    MLP spaces; target < 0.3 s). Each point with templates (the default) and per layer
-   (`templates=False`, the path before templates), alternating. `--depth-only` runs just this part.
-Writes benchmarks/results/compile_and_apply.md with the command that made it, the RNN numbers under
-"rnn" and the sweep under "compile_depth" and "compile_gpt2_xl" in benchmarks/results/compile_and_apply.json.
+   (`templates=False`, the path before templates), alternating.
+Writes compile_and_apply.md with the command that made it, and compile_and_apply.json: the table's rows
+under "rows", the RNN numbers under "rnn", the sweep under "compile_depth" and "compile_gpt2_xl".
 """
 
 from __future__ import annotations
@@ -32,16 +33,15 @@ import time
 from pathlib import Path
 
 import torch
+from symo.compiler import _MEMORY
+
+import symo
+from symo.train.models import GPT, GPTConfig, gpt2_124m
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from symo.compiler import _MEMORY  # noqa: E402
-
-import symo  # noqa: E402
-from symo.train.models import GPT, GPTConfig, gpt2_124m  # noqa: E402
 
 GPT_SPEC = ROOT / "specs" / "gpt.toml"
+RESULTS = ROOT / "benchmarks" / "results"
 MUON_SPEC = '[spaces]\nr = { group = "signed_perm" }\n[params]\n"w" = ["r", "_"]\n'
 
 _FRESH = """
@@ -239,44 +239,13 @@ def depth_entry(depths: tuple[int, ...] = (12, 100, 400, 1000), reps: int = 3) -
     return sweep, xl, lines
 
 
-def write_json(key: str, value: dict) -> None:
-    """Merge one entry into benchmarks/results/compile_and_apply.json."""
-    path = ROOT / "benchmarks" / "results" / "compile_and_apply.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[key] = value
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--rnn-only", action="store_true", help="only the RNN entry (JSON and its own table)")
-    ap.add_argument("--depth-only", action="store_true", help="only the depth sweep (JSON and its own table)")
-    ap.add_argument("--depth-reps", type=int, default=3, help="fresh interpreters per depth-sweep point (median)")
-    args = ap.parse_args()
-    if args.depth_only:  # replace the depth section of the table, keep the other measurements
-        sweep, xl, lines = depth_entry(reps=args.depth_reps)
-        write_json("compile_depth", sweep)
-        write_json("compile_gpt2_xl", xl)
-        lines[1:1] = [f"Command: `python benchmarks/compile_and_apply.py --depth-only --depth-reps {args.depth_reps}` "
-                      "(the measurements above this section are from the last full run)", ""]
-        path = ROOT / "benchmarks" / "results" / "compile_and_apply.md"
-        old = path.read_text().split("\nDepth sweep:")[0].rstrip("\n") if path.exists() else ""
-        path.write_text(old + "\n" + "\n".join(lines) + "\n")
-        print("\n".join(lines))
-        return
-    if args.rnn_only:  # replace the RNN section of the table, keep the other measurements
-        result, lines = rnn_entry(args.reps)
-        write_json("rnn", result)
-        lines[2:2] = ["", f"Command: `python benchmarks/compile_and_apply.py --rnn-only --reps {args.reps}`"]
-        path = ROOT / "benchmarks" / "results" / "compile_and_apply.md"
-        before, _, after = path.read_text().partition("\nTanh RNN (tier 2") if path.exists() else ("", "", "")
-        depth = "\nDepth sweep:" + after.split("\nDepth sweep:", 1)[1] if "\nDepth sweep:" in after else ""
-        path.write_text(before.rstrip("\n") + "\n" + "\n".join(lines) + "\n" + depth)
-        print("\n".join(lines))
-        return
+    ap.add_argument("--quick", action="store_true", help="one rep, a 128 x 128 matrix, RNN width 64, depth 12 only")
+    ap.add_argument("--out", type=Path, default=None, help="folder of the outputs (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    args.reps, args.size, args.depth_reps = (1, 128, 1) if args.quick else (3, 1024, 3)
+    out = args.out or (Path(tempfile.mkdtemp(prefix="compile_and_apply_")) if args.quick else RESULTS)
     rows = []
 
     with tempfile.TemporaryDirectory() as cache:
@@ -334,7 +303,8 @@ def main() -> None:
     ]
     ratio = t_symo / t_direct
 
-    lines = [f"Command: `python benchmarks/compile_and_apply.py --reps {args.reps} --size {n}`",
+    command = "python -m benchmarks.compile_and_apply" + (" --quick" if args.quick else "")
+    lines = [f"Command: `{command}` (medians of {args.reps} reps)",
              f"torch {torch.__version__}, {torch.get_num_threads()} threads", "",
              "| measurement | seconds | target |", "|---|---|---|"]
     lines += [f"| {name} | {sec:.4f} | {target} |" for name, sec, target in rows]
@@ -342,19 +312,18 @@ def main() -> None:
               f"relative error against the float64 polar factor: Symo {err_symo:.1e}, direct {err_direct:.1e} "
               "(a square Gaussian matrix has condition number ~1e3-1e4, so its float32 Gram is near singular; Symo "
               "forms it in float64, which is where its extra time goes)"]
-    rnn, rnn_lines = rnn_entry(args.reps)
-    write_json("rnn", rnn)
+    rnn, rnn_lines = rnn_entry(args.reps, hidden=64 if args.quick else 512)
     lines += rnn_lines
-    sweep, xl, depth_lines = depth_entry(reps=args.depth_reps)
-    write_json("compile_depth", sweep)
-    write_json("compile_gpt2_xl", xl)
+    sweep, xl, depth_lines = depth_entry(depths=(12,) if args.quick else (12, 100, 400, 1000), reps=args.depth_reps)
     lines += depth_lines
     text = "\n".join(lines)
     print(text)
-    out = ROOT / "benchmarks" / "results" / "compile_and_apply.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
-    print(f"wrote {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"command": command, "rows": {name.strip(): sec for name, sec, _ in rows}, "symo_over_direct": ratio,
+            "rnn": rnn, "compile_depth": sweep, "compile_gpt2_xl": xl}
+    (out / "compile_and_apply.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / "compile_and_apply.md").write_text(text + "\n")
+    print(f"wrote {out / 'compile_and_apply.md'}")
 
 
 if __name__ == "__main__":

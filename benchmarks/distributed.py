@@ -13,9 +13,9 @@ For scale, each entry also has FSDP2's own traffic per training step (analytic: 
 parameters for forward and for backward, reduce-scatter of the gradients: 3 (w - 1) / w of the
 parameter bytes per rank) or DDP's (all-reduce of the gradients, 2 (w - 1) / w per rank).
 
-    python benchmarks/distributed.py            # small GPT, 2 warm-up + 5 timed steps, one thread per process
-    python benchmarks/distributed.py --quick    # 1 + 2 steps
-    python benchmarks/distributed.py --device cuda --backend nccl --worlds 1,2    # one GPU per process
+    python -m benchmarks.distributed            # small GPT, 2 warm-up + 5 timed steps, one thread per process
+    python -m benchmarks.distributed --quick    # 1 + 2 steps
+    python -m benchmarks.distributed --device cuda --backend nccl --worlds 1,2    # one GPU per process
 
 Writes benchmarks/results/distributed.{md,json}; the JSON is
 {mode: {world: {spec: {"bytes", "collectives", "matrix_functions_per_rank", "matrix_functions_total",
@@ -238,7 +238,7 @@ def report(result: dict, args) -> str:
         f" The machine has {os.cpu_count()} cores, shared with other jobs while this ran, so the processes share "
         "them: the step times show the overhead of the exchanges, not a speed-up.")
     lines = ["# Symo on several processes (benchmarks/distributed.py)", "",
-             f"Command: `python benchmarks/distributed.py --worlds {args.worlds} --warmup {args.warmup} "
+             f"Command: `python -m benchmarks.distributed --worlds {args.worlds} --warmup {args.warmup} "
              f"--steps {args.steps}{extra}`",
              f"Machine: {platform.machine()}, torch {torch.__version__}, {args.backend} on {args.device}, one torch "
              "thread per process; "

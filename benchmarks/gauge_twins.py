@@ -1,8 +1,8 @@
 """Gauge twins in a transformer (the published protocol of Singh 2026, §4): train a network and its per-head query/key
 rotation in lockstep, and watch whether the optimizer keeps them functionally identical.
 
-    python benchmarks/gauge_twins.py              # 1500 steps, five arms, pool of 2
-    python benchmarks/gauge_twins.py --quick      # 12 steps, to a temp dir
+    python -m benchmarks.gauge_twins              # 1500 steps, five arms, pool of 2
+    python -m benchmarks.gauge_twins --quick      # 12 steps, to a temp dir
 
 Modular addition mod 47 ([a, b, '='] -> (a + b) mod 47 at the last position), 40% of the 2209 pairs for
 training, full batch, float32, deterministic. The twin multiplies each head's rows of W_Q and W_K by
@@ -29,12 +29,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+import symo
+from symo.experiments import zoo
 from symo.train.progress import progress as tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-import symo  # noqa: E402
-from symo.experiments import zoo  # noqa: E402
 
 P, D, HEADS, DH, LAYERS = 47, 64, 4, 16, 2
 METRIC_STEPS = (0, 1, 10, 50, 100, 300, 600, 1000, 1500)
@@ -288,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps = args.steps or (12 if args.quick else 1500)
     out = args.out or (Path(tempfile.mkdtemp(prefix="gauge_twins_")) if args.quick else RESULTS)
     arms = args.arms.split(",")
-    command = "python benchmarks/gauge_twins.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.gauge_twins " + " ".join(argv if argv is not None else sys.argv[1:])
     t0 = time.time()
     seeds = tuple(int(x) for x in args.twin_seeds.split(","))
     if args.quick and args.twin_seeds == ",".join(str(x) for x in TWIN_SEEDS):

@@ -11,7 +11,7 @@ and with the group restricted to the inner layers (benchmarks/mlp_common.py), Sy
 full-batch gradient alone (the paper's single-gradient estimate), Symo-taylor (S_w^{-1} # S_g, true
 group), Shampoo (two-sided), K-FAC (empirical Fisher factors), Adam's diagonal sqrt(v), identity.
 
-    python benchmarks/hessian_cosine.py            # ~20 min on 2 busy cores; --quick for a smoke run
+    python -m benchmarks.hessian_cosine            # ~20 min on 2 busy cores; --quick for a smoke run
 """
 
 from __future__ import annotations
@@ -20,20 +20,16 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
+import symo
+from benchmarks import mlp_common as mc
+from symo import hessian
 from symo.train.progress import progress as tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mlp_common as mc  # noqa: E402
-
-import symo  # noqa: E402
-from symo import hessian  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DAMPING = 1e-3          # relative damping of both inverses in the Newton cosine
@@ -256,7 +252,7 @@ def main() -> None:
         futures = [pool.submit(run_one, *j) for j in jobs]
         for f in tqdm(futures, desc="hessian_cosine runs"):
             runs.append(f.result())
-    meta = {"command": "python benchmarks/hessian_cosine.py" + (" --quick" if args.quick else "")
+    meta = {"command": "python -m benchmarks.hessian_cosine" + (" --quick" if args.quick else "")
             + (f" --seeds {args.seeds}" if args.seeds != 3 and not args.quick else "")
             + (f" --steps {args.steps}" if args.steps != 500 and not args.quick else ""),
             "seeds": list(range(seeds)), "steps": steps, "points": points, "beta": BETA, "damping": DAMPING,

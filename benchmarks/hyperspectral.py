@@ -1,10 +1,9 @@
 """Hyperspectral completion on the real Indian Pines cube (the published protocol of Singh 2026, §5): held-out error of
 GD, Adam, shared-scalar Adam, Muon and Symo (O(k) gauge) at matched training-loss levels.
 
-    python benchmarks/hyperspectral.py                       # protocol sizes (long)
-    python benchmarks/hyperspectral.py --pixels 500 --max-steps 2000 --grid small   # a reduced run
-    python benchmarks/hyperspectral.py --quick               # seconds, to a temp dir
-    python benchmarks/hyperspectral.py --extra-rates gd=100 --merge-from RUNS.json   # reuses RUNS' runs
+    python -m benchmarks.hyperspectral                       # protocol sizes (long)
+    python -m benchmarks.hyperspectral --pixels 500 --max-steps 2000   # a reduced run
+    python -m benchmarks.hyperspectral --quick               # seconds, to a temp dir
 
 Data: the Indian Pines corrected cube (145 x 145 x 200) shipped inside tensorly 0.10.0
 (`tensorly.datasets.load_indian_pines`, read from the package, no download). Source, as the data file
@@ -14,7 +13,9 @@ doi:10.4231/R7RX991C. Licensed under CC BY 3.0.
 
 Model W = U V^T, U (pixels x 48), V (200 x 48), init N(0, 1) * 1e-2; loss = MSE over observed entries
 (Bernoulli(d) mask); held-out error = RMSE over the unobserved entries. LR selection on training loss
-only (seeds 42, 123), then seeds 42, 123, 456, 789 at the chosen LR.
+only (seeds 42, 123), then seeds 42, 123, 456, 789 at the chosen LR. Every run goes to a run cache,
+hyperspectral_runs.json beside the outputs, as soon as it finishes; an invocation trains only the runs
+(rule, lr, seed, density, pixels, step cap) the cache lacks and rebuilds the tables from the cache.
 """
 
 from __future__ import annotations
@@ -24,20 +25,15 @@ import functools
 import json
 import math
 import os
-import re
 import statistics
-import sys
 import tempfile
-import time
 from multiprocessing import get_context
 from pathlib import Path
 
 import torch
 
+from benchmarks import sensing_core as sc
 from symo.train.progress import progress as tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sensing_core as sc  # noqa: E402
 
 RANK = 48
 LEVELS = (3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
@@ -45,14 +41,13 @@ DENSITIES = (0.15, 0.25)
 SELECT_SEEDS, REPORT_SEEDS = (42, 123), (42, 123, 456, 789)
 GRIDS = {"gd": (0.3, 1, 3, 10, 30), "adam": (1e-3, 3e-3, 1e-2), "scalar_adam": (3e-3, 1e-2, 3e-2),
          "muon": (0.01, 0.03, 0.1), "symo": (3e-3, 1e-2, 3e-2)}
-SMALL_GRIDS = {"gd": (1, 3, 10), "adam": (1e-3, 3e-3, 1e-2), "scalar_adam": (3e-3, 1e-2, 3e-2),
-               "muon": (0.01, 0.03, 0.1), "symo": (3e-3, 1e-2, 3e-2)}
-# The protocol grids plus one rate above the top for the rules whose choice sat at the top end in a
-# 500-pixel trial (Adam, shared-scalar Adam, Muon: larger rates reach the levels in fewer steps). The md
-# names the added points.
-EXTENDED_GRIDS = {"gd": (0.3, 1, 3, 10, 30), "adam": (1e-3, 3e-3, 1e-2, 3e-2),
-                  "scalar_adam": (3e-3, 1e-2, 3e-2, 0.1), "muon": (0.01, 0.03, 0.1, 0.3),
-                  "symo": (3e-3, 1e-2, 3e-2)}
+# The grids run: the protocol's plus rates beyond their top ends until every chosen rate was bracketed
+# (larger rates reach the levels in fewer steps; GD's choice kept climbing to 30000). The md names the
+# added points.
+EXTENDED_GRIDS = {"gd": (0.3, 1, 3, 10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000),
+                  "adam": (1e-3, 3e-3, 1e-2, 3e-2, 0.1), "scalar_adam": (3e-3, 1e-2, 3e-2, 0.1),
+                  "muon": (0.01, 0.03, 0.1, 0.3), "symo": (3e-3, 1e-2, 3e-2)}
+QUICK_GRIDS = {r: g[len(g) // 2: len(g) // 2 + 1] for r, g in GRIDS.items()}
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -103,7 +98,8 @@ def train(rule: str, lr: float, seed: int, density: float, n_pixels: int, max_st
             gw = resid * (2.0 / n_obs)
             u.grad, v.grad = gw @ v, gw.T @ u
             opt.step()
-    return {"rule": rule, "lr": lr, "seed": seed, "density": density, "steps": steps, "final_loss": loss,
+    return {"rule": rule, "lr": lr, "seed": seed, "density": density, "n_pixels": n_pixels, "max_steps": max_steps,
+            "steps": steps, "final_loss": loss,
             "hits": {str(k): h for k, h in hits.items()}}
 
 
@@ -112,12 +108,38 @@ def _task(kw: dict) -> dict:
     return train(**kw)
 
 
-def run_pool(tasks: list[dict], desc: str, workers: int) -> list[dict]:
+def run_pool(tasks: list[dict], desc: str, workers: int, keep) -> None:
+    """Train every task; `keep(run)` receives each run as it finishes (completion order)."""
     if workers <= 1:
-        return [_task(t) for t in tqdm(tasks, desc=desc)]
+        for t in tqdm(tasks, desc=desc):
+            keep(_task(t))
+        return
     with get_context("spawn").Pool(workers) as pool:
-        return list(tqdm(pool.imap_unordered(_task, tasks), total=len(tasks), desc=desc))
+        for run in tqdm(pool.imap_unordered(_task, tasks), total=len(tasks), desc=desc):
+            keep(run)
 
+
+def run_key(r: dict) -> tuple:
+    return r["rule"], float(r["lr"]), r["seed"], r["density"], r["n_pixels"], r["max_steps"]
+
+
+class RunCache:
+    """The runs trained so far (a JSON list, one run per line), rewritten whole after each run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.runs = {run_key(r): r for r in (json.loads(path.read_text()) if path.exists() else [])}
+
+    def keep(self, run: dict) -> None:
+        self.runs.setdefault(run_key(run), run)
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text("[\n" + ",\n".join(json.dumps(r) for r in self.runs.values()) + "\n]\n")
+        os.replace(tmp, self.path)
+
+    def get(self, tasks: list[dict], desc: str, workers: int) -> list[dict]:
+        """The runs of `tasks`, training those the cache lacks."""
+        run_pool([t for t in tasks if run_key(t) not in self.runs], desc, workers, self.keep)
+        return [self.runs[run_key(t)] for t in tasks]
 
 def deepest_common(runs: list[dict]) -> float | None:
     common = [lv for lv in LEVELS if all(str(lv) in r["hits"] for r in runs)]
@@ -140,77 +162,33 @@ def select(runs: list[dict]) -> float:
     return min(by_lr, key=key)
 
 
-def parse_rates(spec: str) -> dict[str, tuple[float, ...]]:
-    """'gd=100,adam=0.1/0.3' -> {'gd': (100.0,), 'adam': (0.1, 0.3)}."""
-    out: dict[str, tuple[float, ...]] = {}
-    for item in spec.split(","):
-        rule, _, rates = item.partition("=")
-        if rule not in GRIDS or not rates:
-            raise SystemExit(f"--extra-rates: {item!r}; expected rule=lr/lr,... with rule in {list(GRIDS)}")
-        out[rule] = out.get(rule, ()) + tuple(float(x) for x in rates.split("/"))
-    return out
-
-
-def _run_key(r: dict) -> tuple:
-    return r["rule"], float(r["lr"]), r["seed"], r["density"]
-
-
-def _legacy_commands(runs_file: Path) -> list[list]:
-    """The command and seconds of a runs file written before it stored them: from the md beside it."""
-    md = runs_file.with_name("hyperspectral.md")
-    text = md.read_text() if md.exists() else ""
-    return [[c, float(sec)] for c, sec in re.findall(r"`(python benchmarks/hyperspectral\.py[^`]*)` \((\d+) s\)", text)]
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--pixels", type=int, default=2000)
-    ap.add_argument("--max-steps", type=int, default=30_000)
-    ap.add_argument("--grid", choices=("protocol", "small", "extended"), default="protocol",
-                    help="extended: the protocol grids plus one or two points beyond each end")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--extra-rates", default=None,
-                    help="rule=lr/lr,...: rates added to those rules' grids (to bracket a choice at a grid end)")
-    ap.add_argument("--merge-from", type=Path, default=None,
-                    help="a hyperspectral_runs.json of the same --pixels/--max-steps: its runs are reused (not re-run) "
-                         "where a (rule, lr, seed, density) of this command matches; selection is over every rate")
+    ap.add_argument("--quick", action="store_true", help="120 pixels, 60 steps, one rate per rule, to a temp dir")
+    ap.add_argument("--pixels", type=int, default=None, help="pixels sampled from the cube (protocol: 2000)")
+    ap.add_argument("--max-steps", type=int, default=None, help="step cap per run (protocol: 30000)")
+    ap.add_argument("--workers", type=int, default=2, help="processes for the missing runs (one thread each)")
+    ap.add_argument("--out", type=Path, default=None, help="folder of the outputs and the run cache")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.pixels, args.max_steps = 120, 60
+    ap_pixels, ap_steps = args.pixels, args.max_steps  # as given, for the command written in the md
+    args.pixels = args.pixels or (120 if args.quick else 2000)
+    args.max_steps = args.max_steps or (60 if args.quick else 30_000)
     out = args.out or (Path(tempfile.mkdtemp(prefix="hyperspectral_")) if args.quick else RESULTS)
-    grids = {r: g[len(g) // 2: len(g) // 2 + 1] for r, g in GRIDS.items()} if args.quick else (
-        {"small": SMALL_GRIDS, "extended": EXTENDED_GRIDS, "protocol": GRIDS}[args.grid])
-    if args.extra_rates:
-        grids = {r: tuple(sorted(set(g) | set(parse_rates(args.extra_rates).get(r, ())))) for r, g in grids.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    grids = QUICK_GRIDS if args.quick else EXTENDED_GRIDS
     densities = DENSITIES[1:] if args.quick else DENSITIES
-    command = "python benchmarks/hyperspectral.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    t0 = time.time()
+    command = "python -m benchmarks.hyperspectral" + (" --quick" if args.quick else "") + "".join(
+        f" --{flag} {given}" for flag, given in (("pixels", ap_pixels), ("max-steps", ap_steps)) if given)
     base = {"n_pixels": args.pixels, "max_steps": args.max_steps}
-    commands: list[list] = []
-    stored: dict[tuple, dict] = {}
-    if args.merge_from:
-        prev = json.loads(args.merge_from.read_text())
-        for k, v in (("pixels", args.pixels), ("max_steps", args.max_steps)):
-            if prev.get(k, v) != v:
-                raise SystemExit(f"--merge-from: its runs used {k} = {prev[k]}, this command {v}")
-        commands = prev.get("commands") or _legacy_commands(args.merge_from)
-        stored = {_run_key(r): r for r in prev["runs"]}
-
-    def run_or_reuse(tasks: list[dict], desc: str) -> list[dict]:
-        todo = [t for t in tasks if _run_key(t) not in stored]
-        return [stored[_run_key(t)] for t in tasks if _run_key(t) in stored] + run_pool(todo, desc, args.workers)
-
+    cache = RunCache(out / "hyperspectral_runs.json")
     tasks = [{"rule": r, "lr": lr, "seed": s, "density": d, **base}
              for d in densities for r, g in grids.items() for lr in g for s in SELECT_SEEDS]
-    runs = run_or_reuse(tasks, "select")
+    runs = cache.get(tasks, "select", args.workers)
     chosen = {(d, r): select([x for x in runs if x["rule"] == r and x["density"] == d])
               for d in densities for r in grids}
     extra = [{"rule": r, "lr": chosen[(d, r)], "seed": s, "density": d, **base}
              for d in densities for r in grids for s in REPORT_SEEDS if s not in SELECT_SEEDS]
-    runs += run_or_reuse(extra, "report")
-    commands = commands + [[command, round(time.time() - t0)]]
+    runs += cache.get(extra, "report", args.workers)
     data: dict = {}
     detail: dict = {}
     for d in densities:
@@ -231,41 +209,33 @@ def main(argv: list[str] | None = None) -> dict:
                       for lv in LEVELS if all(str(lv) in x["hits"] for x in rs)}
         data[str(d)] = entry
         detail[str(d)] = det
-    out.mkdir(parents=True, exist_ok=True)
     tmp = out / "hyperspectral.json.tmp"
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, out / "hyperspectral.json")
-    (out / "hyperspectral_runs.json").write_text(json.dumps(
-        {"levels_by_rule": detail, "runs": runs, "pixels": args.pixels, "max_steps": args.max_steps,
-         "commands": commands}, indent=0))
-    md = render_md(data, detail, commands, args, grids)
+    md = render_md(data, detail, command, args, grids)
     (out / "hyperspectral.md").write_text(md)
     plot(detail, out / "hyperspectral.png")
     print(md)
     return data
 
 
-def render_md(data, detail, commands, args, grids) -> str:
-    lines = ["# Hyperspectral completion: Indian Pines (tensorly 0.10.0)", "",
+def render_md(data, detail, command: str, args, grids) -> str:
+    lines = ["# Hyperspectral completion: Indian Pines (tensorly 0.10.0)", "", f"Command: `{command}`", "",
              f"{args.pixels} pixels x 200 bands, rank-48 factors, at most {args.max_steps} steps; LR chosen on "
              "training loss only (seeds 42, 123), reported over seeds 42, 123, 456, 789. Held-out RMSE over the "
              "unobserved entries at the deepest training-loss level that every rule and seed reached.", "",
              "Data: Baumgardner, Biehl, Landgrebe (2015), 220 Band AVIRIS Hyperspectral Image Data Set: June 12, "
              "1992 Indian Pine Test Site 3, Purdue University Research Repository, doi:10.4231/R7RX991C (CC BY 3.0),"
-             " as shipped in tensorly.", "",
-             ("Command: " if len(commands) == 1 else "Commands (later ones add rates and reuse the earlier runs): ")
-             + "; ".join(f"`{c}` ({sec:.0f} s)" for c, sec in commands), ""]
+             " as shipped in tensorly.", ""]
     added = "; ".join(f"{r} {', '.join(f'{x:g}' for x in g if x not in GRIDS[r])}"
                       for r, g in grids.items() if set(g) - set(GRIDS[r]))
     if added and not args.quick:
         lines += [f"LR grids: the protocol's, plus points added beyond its ends ({added}), so that each chosen "
                   "rate is bracketed; the selection rule is the protocol's.", ""]
-    if args.pixels != 2000 or args.max_steps != 30_000 or args.grid == "small":
+    if args.pixels != 2000 or args.max_steps != 30_000:
         lines += ["**Reduced from the protocol to fit the CPU budget** (2 shared cores): "
                   f"{args.pixels} pixels instead of 2000, at most {args.max_steps} steps instead of 30 000"
-                  + (", 3-rate LR grids (GD 1/3/10, Adam 1e-3/3e-3/1e-2, shared-scalar Adam 3e-3/1e-2/3e-2, "
-                     "Muon 0.01/0.03/0.1, Symo 3e-3/1e-2/3e-2)" if args.grid == "small" else "")
-                  + ". A rate marked (grid edge) was not bracketed; GD in particular is limited by the step cap, "
+                  ". A rate marked (grid edge) was not bracketed; GD in particular is limited by the step cap, "
                   "which makes the deepest common level shallow.", ""]
     for d, entry in data.items():
         level = next(iter(entry.values()))["level"]

@@ -1,7 +1,7 @@
 """Spec inference: time and coverage of `symo.infer` on the model zoo, GPT-2 124M and ResNet-18.
 
-    python benchmarks/infer.py            # all models; writes benchmarks/results/infer.{md,json}
-    python benchmarks/infer.py --quick    # the small models only
+    python -m benchmarks.infer            # all models; writes benchmarks/results/infer.{md,json}
+    python -m benchmarks.infer --quick    # the small models only
 
 Each model runs in its own worker process (one torch thread, fresh memory per model). The pool has
 one worker by default: two GPT-2 124M runs side by side fight for memory bandwidth on 2 cores and
@@ -19,12 +19,10 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 MODELS = {
     "mlp_tanh": "zoo MLP 8-16-16-4, tanh",
@@ -120,7 +118,7 @@ def main() -> None:
     (out / "infer.json").write_text(json.dumps(rows, indent=2) + "\n")
     import torch
 
-    cmd = "python benchmarks/infer.py" + (" --quick" if args.quick else "") + \
+    cmd = "python -m benchmarks.infer" + (" --quick" if args.quick else "") + \
         (f" --workers {args.workers}" if args.workers != 1 else "")
     lines = [f"Command: `{cmd}`", "",
              f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores; a pool of {args.workers} "

@@ -24,9 +24,9 @@ ECE on `--n-rot` test images rotated by each angle (torch affine_grid / grid_sam
 memory in numbers stored; fit time (construction + fit + prior tuning) over K-FAC Laplace's in the
 same run.
 
-    python benchmarks/laplace_mnist.py                 # the committed run (11.4 min, one thread, busy machine)
-    python benchmarks/laplace_mnist.py --quick         # smoke run (~1 min)
-    python benchmarks/laplace_mnist.py --seeds 0 --methods map lt_kron symo_true symo_true_last_layer \
+    python -m benchmarks.laplace_mnist                 # the committed run (11.4 min, one thread, busy machine)
+    python -m benchmarks.laplace_mnist --quick         # smoke run (~1 min)
+    python -m benchmarks.laplace_mnist --seeds 0 --methods map lt_kron symo_true symo_true_last_layer \
         --symo-estimator ggn_exact --tag exact_ggn      # the exact-GGN check (laplace_mnist_exact_ggn.*)
 """
 
@@ -304,7 +304,7 @@ def main() -> None:
     start = time.perf_counter()
     raw = run(args)
     raw["config"]["wall_minutes"] = round((time.perf_counter() - start) / 60, 1)
-    command = "python benchmarks/laplace_mnist.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    command = "python -m benchmarks.laplace_mnist" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
     stem = "laplace_mnist" + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
     write(summarise(raw), raw, command, stem)
     print((RESULTS / f"{stem}.md").read_text())

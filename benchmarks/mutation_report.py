@@ -5,7 +5,7 @@ total, and every survivor with its diff and the reason it is harmless, read from
 benchmarks/mutation_survivors.json ({mutant name: reason}); a survivor without a reason is marked
 "UNEXPLAINED".
 
-    python benchmarks/mutation_report.py --workdir /tmp/symo-mutation --out benchmarks/results
+    python -m benchmarks.mutation_report --workdir /tmp/symo-mutation --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ import argparse
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-FILES = ["symo/optim.py", "symo/runtime/linalg.py"]
+# the files mutmut mutates (pyproject.toml [tool.mutmut] only_mutate): the optimizer package and linalg
+MUTMUT = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"]["mutmut"]
+FILES = MUTMUT["only_mutate"]
 KILLED = {1: "killed", 3: "killed", 36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout"}
 COMMAND = "bash scripts/mutation.sh   # then: bash scripts/mutation.sh --rerun-survivors"
 SAMPLED_COMMAND = "bash scripts/mutation.sh --sample {n}   # then: bash scripts/mutation.sh --rerun-survivors"
@@ -77,18 +80,17 @@ def main() -> None:
         rows.append(f"| `{f}` | {in_file} | {len(codes)} | {killed} | {counts.get('timeout', 0)} | {len(survivors)} | "
                     f"{killed / max(len(codes), 1):.1%}" + (f" ({lo:.0%} to {hi:.0%})" if sample is not None else "")
                     + " |")
-    import tomllib
 
-    mm = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["tool"]["mutmut"]
+    mm = MUTMUT
     tests = ", ".join(mm["pytest_add_cli_args_test_selection"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mutation.json").write_text(json.dumps(summary, indent=2) + "\n")
-    md += ["# Mutation testing: symo/optim.py and symo/runtime/linalg.py", "",
+    md += ["# Mutation testing: the optimizer (symo/optim/) and symo/runtime/linalg.py", "",
            "Command: `" + (COMMAND if sample is None else SAMPLED_COMMAND.format(n=len(sample) // len(FILES)))
            + f"` (mutmut 3, configuration in pyproject.toml `[tool.mutmut]`; the tests in {tests}; torch.compile "
            "tests left out). A timeout counts as killed. Survivors are listed with the reason each is equivalent "
            "or harmless (benchmarks/mutation_survivors.json).", "",
-           ("Tested: the full set, every mutant mutmut generates for the two files; the survivors of the full "
+           ("Tested: the full set, every mutant mutmut generates for these files; the survivors of the full "
             "run were then re-tested with the tests added for them (`--rerun-survivors`), and the mutants that "
             "timed out on the loaded machine re-run." if sample is None else
             f"Tested: a seeded random sample of {len(sample) // len(FILES)} mutants per file "

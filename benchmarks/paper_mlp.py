@@ -18,7 +18,7 @@
   updates on DEFAULTS_GRID, extended while the best rate sits at an edge).
 All rates are the paper's (SETTINGS), not tuned here, except symo_defaults'.
 
-    python benchmarks/paper_mlp.py          # 4-7 minutes on one thread
+    python -m benchmarks.paper_mlp          # 4-7 minutes on one thread
 """
 
 from __future__ import annotations
@@ -405,7 +405,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     acts = ("tanh", "linear") if args.activation == "both" else (args.activation,)
-    cmd = "python benchmarks/paper_mlp.py" + "".join(
+    cmd = "python -m benchmarks.paper_mlp" + "".join(
         f" --{k} {v}" for k, v, d in (("seeds", args.seeds, 3), ("steps", args.steps, 100),
                                       ("activation", args.activation, "both")) if v != d)
     t0 = time.time()

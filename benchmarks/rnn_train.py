@@ -1,7 +1,7 @@
 """A small tanh RNN on the adding problem: Symo with the true RNN symmetry against a Muon-style spec,
 Adam and Muon.
 
-    python benchmarks/rnn_train.py [--steps 300] [--length 30] [--hidden 32] [--seeds 3] [--workers 2]
+    python -m benchmarks.rnn_train [--steps 300] [--length 30] [--hidden 32] [--seeds 3] [--workers 2]
 
 The adding problem (Hochreiter & Schmidhuber 1997): inputs (value ~ U(0, 1), marker) over `length`
 steps, one marker in each half; the target is the sum of the two marked values. Predicting the mean
@@ -29,7 +29,6 @@ import importlib.util
 import json
 import math
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -37,7 +36,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 TARGET = 0.05
 BIAS_LR = 1e-3
@@ -174,7 +172,7 @@ def main() -> None:
             "finals": finals,
             "steps_to_target": [r["steps_to_target"] for r in rs],
         }
-    command = ("python benchmarks/rnn_train.py " + f"--steps {args.steps} --length {args.length} "
+    command = ("python -m benchmarks.rnn_train " + f"--steps {args.steps} --length {args.length} "
                f"--hidden {args.hidden} --batch {args.batch} --seeds {args.seeds} --workers {args.workers}")
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Where symmetry helps: one row per benchmark from the saved results, best Symo variant against the best baseline.
 
-    python benchmarks/scoreboard.py        # reads benchmarks/results/*.json, writes scoreboard.{md,json}
+    python -m benchmarks.scoreboard        # reads benchmarks/results/*.json, writes scoreboard.{md,json}
 
 Each benchmark is read on its own metric (lower is better for losses and RMSE, higher for cosines). A
 Symo variant is any row whose name starts with "symo"; every other row is a baseline. The ratio is
@@ -98,7 +98,7 @@ def scoreboard() -> dict[str, dict]:
 
 def main() -> None:
     board = scoreboard()
-    lines = ["# Scoreboard: where symmetry helps", "", "Command: `python benchmarks/scoreboard.py` (reads the saved "
+    lines = ["# Scoreboard: where symmetry helps", "", "Command: `python -m benchmarks.scoreboard` (reads the saved "
              "results; it trains nothing).", "",
              "| benchmark | metric | best Symo variant | value | best baseline | value | ratio Symo/baseline | winner "
              "| Symo variants measured |", "|---|---|---|---:|---|---:|---:|---|---|"]

@@ -6,17 +6,11 @@ Imported by benchmarks/matrix_sensing.py and by the tests; every function is det
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import symo  # noqa: E402
-from symo.experiments import zoo  # noqa: E402
+import symo
+from symo.experiments import zoo
 
 N, RANK, K = 40, 3, 40
 DOF = RANK * (2 * N - RANK)

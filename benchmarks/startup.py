@@ -5,8 +5,8 @@ what is measured), `--runs` times (default 5, after one untimed warm-up run each
 system cache); the median wall time is reported, and for `--help` and `--version` the ratio to
 `python -c "import torch"`. The goal is under 1.15x: neither command imports torch, sympy or networkx.
 
-    python benchmarks/startup.py              # writes benchmarks/results/startup.{md,json}
-    python benchmarks/startup.py --runs 11
+    python -m benchmarks.startup              # writes benchmarks/results/startup.{md,json}
+    python -m benchmarks.startup --runs 11
 
 The times depend on the machine and its load; the script records the load average next to them.
 """
@@ -66,7 +66,7 @@ def report(result: dict[str, float], runs: int, load: tuple[float, float, float]
     lines = [
         "# Start-up time of the command line",
         "",
-        f"`python benchmarks/startup.py`: median wall time of {runs} runs per command, each in a fresh "
+        f"`python -m benchmarks.startup`: median wall time of {runs} runs per command, each in a fresh "
         "interpreter (after one untimed warm-up run), and the ratio to `import torch`.",
         "",
         "| command | median wall time (s) | x `import torch` |",

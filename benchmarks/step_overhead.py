@@ -4,9 +4,9 @@ Random gradients are written into `.grad` (no forward/backward), so the numbers 
 cost: median seconds per `step()` after warm-up, as ratios to AdamW and to Muon measured in the same
 run, and the bytes held in optimizer-state tensors.
 
-    python benchmarks/step_overhead.py             # full run (a few minutes on 2 CPU cores)
-    python benchmarks/step_overhead.py --quick     # smoke run
-    python benchmarks/step_overhead.py --steps 20 --no-compile --device cuda
+    python -m benchmarks.step_overhead             # full run (a few minutes on 2 CPU cores)
+    python -m benchmarks.step_overhead --quick     # smoke run
+    python -m benchmarks.step_overhead --steps 20 --no-compile --device cuda
 
 Optimizers: torch AdamW (all parameters); the reference Muon (tests/references.py, the published
 algorithm) on the hidden matrices + torch AdamW on the rest; Symo with specs/gpt_muon.toml (Muon-style,
@@ -30,11 +30,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from symo.optim import Symo
+from symo.train.models import gpt_bench
 
-from symo.optim import Symo  # noqa: E402
-from symo.train.models import gpt_bench  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _references():

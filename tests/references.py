@@ -3,7 +3,7 @@
 - ``ReferenceMuon``: Keller Jordan's Muon (github.com/KellerJordan/Muon, ``muon.py``).
 - ``ReferenceShampoo``: per-matrix Shampoo (Gupta, Koren, Singer 2018), plain, no grafting.
 
-They exist so the library's Muon-like and Shampoo-like modes (MATH.md §4 cases 1 and 5) can be
+They exist so the library's Muon-like and Shampoo-like modes (docs/theory.md §5) can be
 compared against the algorithms as their authors wrote them, conventions included.
 """
 

@@ -1,4 +1,4 @@
-"""Undamped float32 powers (issue 10): accurate on full-rank matrices, bounded on rank-deficient ones.
+"""Undamped float32 powers: accurate on full-rank matrices, bounded on rank-deficient ones.
 
 The oracle is the float64 polar factor U V^T from an SVD (for a rank-r matrix: U_r V_r^T), since
 (G G^T)^{-1/2} G is the polar factor on the range of G. The "direct formula" G (G^T G)^{-1/2} in

@@ -1,4 +1,4 @@
-"""The batched Muon-path step (issue 10) equals the per-block step, and bfloat16 Newton–Schulz stays close.
+"""The batched Muon-path step equals the per-block step, and bfloat16 Newton–Schulz stays close.
 
 Same-shape blocks (every layer's heads, every layer's MLP) are stacked along the batch axis and go
 through one matrix-function call. The reference is the same optimizer with batch_blocks=False, one

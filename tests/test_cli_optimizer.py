@@ -1,4 +1,4 @@
-"""`symo compile --optimizer`: the optimizer report of issue 3."""
+"""`symo compile --optimizer`: the optimizer report."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The compiled structure (MATH.md §4) against independent dense oracles (MATH.md §6).
+"""The compiled structure (docs/theory.md §3) against independent dense oracles (tests/oracles.py).
 
 Every case is written twice: once as a spec (what the library compiles) and once as an oracle layout
 (``tests/oracles.py``'s own description, which never goes through the spec language). The library's
@@ -65,7 +65,7 @@ class Case:
     spaces: tuple  # ((space, (kind, size, per)), ...) for the oracle
     layout: tuple  # ((name, shape, axes), ...) covered parameters, model order, oracle syntax
     sizes: tuple = ()
-    n_blocks: int | None = None  # expected number of isotypic blocks where MATH.md says it
+    n_blocks: int | None = None  # expected number of isotypic blocks, where counted by hand
 
     @property
     def shape_dict(self) -> dict:
@@ -85,7 +85,7 @@ class Case:
 
 
 def mlp_case(kind: str, n: int) -> Case:
-    """MATH.md §4 case 2: W1 (h x 3), b1 (h), W2 (2 x h) share h; b2 is moved by nothing."""
+    """The permutation MLP: W1 (h x 3), b1 (h), W2 (2 x h) share h; b2 is moved by nothing."""
     spec = f"""
 [spaces]
 h = {{ group = "{kind}" }}
@@ -455,7 +455,7 @@ def test_ema_of_many_root_form_curvatures(case: Case) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The worked cases of MATH.md §4 against closed forms
+# The worked cases (docs/theory.md §5) against closed forms
 # ---------------------------------------------------------------------------------------------
 
 
@@ -561,7 +561,7 @@ def test_curvatures_of_different_specs_do_not_mix() -> None:
 
 
 def test_s3xs3_label_couples_w1_with_w2_column_means() -> None:
-    """The (std_a, triv_b) label holds W1 and the column means of W2 (MATH.md §4)."""
+    """The (std_a, triv_b) label holds W1 and the column means of W2."""
     compiled, _ = setup(S3xS3)
     names = {b.name: set(b.params) for b in compiled.blocks}
     assert names == {

@@ -1,4 +1,4 @@
-"""The incidence graph (networkx) decides which parameters couple: checked against MATH.md §4."""
+"""The incidence graph (networkx) decides which parameters couple: checked against couplings worked out by hand."""
 
 from pathlib import Path
 

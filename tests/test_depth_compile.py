@@ -1,4 +1,4 @@
-"""Deep `{i}` stacks (issue 10): the running row offsets serve every depth and match the oracle.
+"""Deep `{i}` stacks: the running row offsets serve every depth and match the oracle.
 
 Row offsets of a block that couples every layer (the trivial pieces of `perm` hidden spaces) are
 emitted as running sums (`_oL0_k = _oL0_{k-1} + rows`), not as sums over all earlier components.

@@ -1,4 +1,4 @@
-"""Diagram bases of MATH.md §5 against explicit tensors and exhaustive group averages."""
+"""Diagram bases (tier 2, docs/tier2.md) against explicit tensors and exhaustive group averages."""
 
 import itertools
 
@@ -25,7 +25,7 @@ def test_bell_numbers():
 
 @pytest.mark.parametrize("group,expected", [("perm", 15), ("signed_perm", 4), ("orthogonal", 3)])
 def test_commutant_dimensions_of_rn_tensor_rn(group, expected):
-    # R^n (x) R^n as an operator space has four indices: MATH.md §5 quotes 15, 4 and 3
+    # R^n (x) R^n as an operator space has four indices: 15, 4 and 3 basis diagrams
     assert commutant_dimension(group, 4) == expected
 
 

@@ -49,8 +49,8 @@ def _gpt_user() -> dict:
 
 def _gauge_user() -> dict:
     user = _mlp_user()
-    Path("specs/my_model.toml").write_text((REPO / "specs" / "mlp_tanh.toml").read_text())
-    user.update(make_opt=lambda ps: symo.Symo(ps, "specs/my_model.toml", lr=1e-2),
+    Path("my_model.toml").write_text((REPO / "specs" / "mlp_tanh.toml").read_text())
+    user.update(make_opt=lambda ps: symo.Symo(ps, "my_model.toml", lr=1e-2),
                 loss=lambda out, target: ((out - target) ** 2).mean())
     user["model"] = user["model"].double()
     user["x"], user["y"] = user["x"].double(), user["y"].double()

@@ -1,6 +1,6 @@
-"""symo.check_equivariance and its CLI (issue 11): verdicts for the O(k) gauge of W = U V^T, in float64.
+"""symo.check_equivariance and its CLI: verdicts for the O(k) gauge of W = U V^T, in float64.
 
-Oracle: the structure theorem of "The Loss Does Not See the Basis, but Adam Does" (MATH.md §4 case 4):
+Oracle: the structure theorem of "The Loss Does Not See the Basis, but Adam Does" (the factored gauge):
 rules built from Gram matrices / Frobenius norms commute with (U, V) -> (U Q, V Q); coordinate-wise
 rules do not, and already fail at the first step (sign(G Q) != sign(G) Q).
 """

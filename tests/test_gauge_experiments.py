@@ -1,17 +1,17 @@
-"""benchmarks/gauge_twins.py and benchmarks/hyperspectral.py (issue 11): the pieces the full runs rely on."""
+"""benchmarks/gauge_twins.py and benchmarks/hyperspectral.py: the pieces the full runs rely on."""
 
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from bench_loader import load_benchmark, one_thread  # noqa: F401  (one_thread: a fixture)
 from torch.nn import functional as F
 
 import symo
-
-tw = load_benchmark("gauge_twins")
-hs = load_benchmark("hyperspectral")
+from benchmarks import gauge_twins as tw
+from benchmarks import hyperspectral as hs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,22 +101,36 @@ def test_hyperspectral_train_reaches_levels():
     assert first == sorted(first)
 
 
-def test_hyperspectral_extra_rates_reuse_the_stored_runs(tmp_path, monkeypatch):
-    """--extra-rates adds a rate to a rule's grid; --merge-from reuses the runs of an earlier runs file, so
-    only the new rate (and, if it is chosen, its report seeds) is trained, and selection sees every rate."""
-    first, second = tmp_path / "first", tmp_path / "second"
-    hs.main(["--quick", "--workers", "1", "--out", str(first)])
+def test_hyperspectral_reuses_its_cached_runs_and_trains_only_a_new_rate(tmp_path, monkeypatch):
+    """A rate added to a rule's grid: the next invocation trains only that rate (and, if it is chosen, its
+    report seeds) and selects over every rate; runs of another size are not reused."""
+    hs.main(["--quick", "--workers", "1", "--out", str(tmp_path)])
     trained = []
     real = hs.train
     monkeypatch.setattr(hs, "train", lambda **kw: trained.append((kw["rule"], kw["lr"], kw["seed"])) or real(**kw))
-    data = hs.main(["--quick", "--workers", "1", "--extra-rates", "gd=10", "--out", str(second),
-                    "--merge-from", str(first / "hyperspectral_runs.json")])
+    monkeypatch.setitem(hs.QUICK_GRIDS, "gd", (*hs.QUICK_GRIDS["gd"], 10))
+    data = hs.main(["--quick", "--workers", "1", "--out", str(tmp_path)])
     gd = data["0.25"]["gd"]
-    want = [("gd", 10.0, 42), ("gd", 10.0, 123)] + ([("gd", 10.0, 456), ("gd", 10.0, 789)] if gd["lr"] == 10 else [])
+    want = [("gd", 10, 42), ("gd", 10, 123)] + ([("gd", 10, 456), ("gd", 10, 789)] if gd["lr"] == 10 else [])
     assert trained == want and gd["lr"] in (3, 10) and gd["lr_at_grid_edge"]
-    stored = json.loads((second / "hyperspectral_runs.json").read_text())
-    assert len(stored["runs"]) == 20 + len(trained) and len(stored["commands"]) == 2
-    assert "--extra-rates gd=10" in (second / "hyperspectral.md").read_text()
-    with pytest.raises(SystemExit):
-        hs.main(["--workers", "1", "--pixels", "100", "--out", str(tmp_path / "x"),
-                 "--merge-from", str(second / "hyperspectral_runs.json")])
+    stored = json.loads((tmp_path / "hyperspectral_runs.json").read_text())
+    assert len(stored) == 20 + len(trained)
+    command = (tmp_path / "hyperspectral.md").read_text().splitlines()[2]
+    assert command == "Command: `python -m benchmarks.hyperspectral --quick`"
+    hs.main(["--quick", "--max-steps", "50", "--workers", "1", "--out", str(tmp_path)])
+    capped = [r for r in json.loads((tmp_path / "hyperspectral_runs.json").read_text()) if r["max_steps"] == 50]
+    assert len(trained) - len(want) == len(capped) >= 20  # every run trained again: the cached had another cap
+
+
+def test_hyperspectral_committed_tables_rebuild_from_the_committed_run_cache(tmp_path, monkeypatch):
+    """`python -m benchmarks.hyperspectral` on the committed cache: nothing is trained, and the tables are
+    the committed ones."""
+    results = Path(hs.__file__).parent / "results"
+    shutil.copy(results / "hyperspectral_runs.json", tmp_path)
+
+    def trained(**kwargs):
+        raise AssertionError(f"the committed cache lacks a run: {kwargs}")
+
+    monkeypatch.setattr(hs, "train", trained)
+    hs.main(["--workers", "1", "--out", str(tmp_path)])
+    assert (tmp_path / "hyperspectral.md").read_text() == (results / "hyperspectral.md").read_text()

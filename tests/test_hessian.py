@@ -1,4 +1,5 @@
-"""`symo.hessian` and `symo.hessian.baselines` against independent oracles (MATH.md §6-7).
+"""`symo.hessian` and `symo.hessian.baselines` against independent oracles (tests/oracles.py; the metrics of
+docs/hessian.md).
 
 Oracles: central finite differences of the gradient, torch.func.hessian, dense Kronecker products
 built here with torch.kron and eigh, per-sample gradients from plain autograd, and the group action

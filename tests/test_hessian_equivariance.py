@@ -1,4 +1,4 @@
-"""The library's group action against dense torch.func Hessians in float64 (MATH.md §2 and §6).
+"""The library's group action against dense torch.func Hessians in float64 (docs/theory.md §2).
 
 For a true symmetry, Hess L(A_g w) = A_g Hess L(w) A_g^T, with A_g the dense matrix of
 `CompiledSpec.act` (built column by column here) and the Hessians from torch.func (tests/oracles.py).

@@ -1,13 +1,16 @@
-"""benchmarks/matrix_sensing.py (issue 11): problem generation, the nuclear-norm reference, and the batched
+"""benchmarks/matrix_sensing.py: problem generation, the nuclear-norm reference, the run cache, and the batched
 trainer used by the dial and the tail against the zoo optimizers and symo.Symo run one at a time."""
 
+import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from bench_loader import load_benchmark, one_thread  # noqa: F401  (one_thread: a fixture)
 
-sc = load_benchmark("sensing_core")
+from benchmarks import matrix_sensing as ms
+from benchmarks import sensing_core as sc
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -90,48 +93,80 @@ def test_select_lr_prefers_interpolating_runs():
     assert sc.select_lr(runs)[0] == 0.001
 
 
-def test_quick_mode_writes_the_outputs(tmp_path):
-    ms = load_benchmark("matrix_sensing")
-    data = ms.main(["--quick", "--part", "nuclear", "--workers", "1", "--out", str(tmp_path)])
+def test_quick_mode_writes_the_outputs_and_a_second_run_computes_nothing(tmp_path, monkeypatch):
+    data = ms.main(["--quick", "--workers", "1", "--out", str(tmp_path)])
     assert data["nuclear_norm"]["recovery_mean"] < 1e-3
-    assert (tmp_path / "matrix_sensing.md").exists() and (tmp_path / "matrix_sensing.json").exists()
+    for name in ("matrix_sensing.md", "matrix_sensing.json", "matrix_sensing.png", "matrix_sensing_runs.json"):
+        assert (tmp_path / name).exists(), name
+    md = (tmp_path / "matrix_sensing.md").read_text()
+    assert md.splitlines()[2] == "Command: `python -m benchmarks.matrix_sensing --quick`"
+
+    def computed(*args, **kwargs):
+        raise AssertionError("a cached run was computed again")
+
+    for name in ("train", "train_batched", "nuclear_norm_interpolant"):
+        monkeypatch.setattr(sc, name, computed)
+    monkeypatch.setattr(ms, "verdict", computed)
+    again = ms.main(["--quick", "--workers", "1", "--out", str(tmp_path)])
+    assert again == json.loads(json.dumps(data)) and (tmp_path / "matrix_sensing.md").read_text() == md
 
 
-def test_tail_grid_extension_joins_the_tail_on_merge(tmp_path):
-    """--tail-grid runs one more rate to another --out; --merge-from with --join-tail re-selects every
-    (tau, rule) over the union of both runs (without it the merged tail replaces --out's tail)."""
-    ms = load_benchmark("matrix_sensing")
-    base, ext = tmp_path / "base", tmp_path / "ext"
-    ms.main(["--quick", "--part", "tail", "--tail-arms", "gd", "--workers", "1", "--out", str(base)])
-    ms.main(["--quick", "--part", "tail", "--tail-arms", "gd", "--tail-grid", "gd=0.003", "--workers", "1",
-             "--out", str(ext)])
-    data = ms.main(["--merge-from", str(ext / "matrix_sensing.json"), "--join-tail", "--out", str(base)])
-    assert {t["tau"] for t in data["tail"]} == {0.0, 0.2}
-    assert all(t["grid"] == [0.003, 0.01] for t in data["tail"])
-    assert len(data["tail_runs"]) == 4 and len(data["commands"]) == 2
-    assert "--tail-grid gd=0.003" in (base / "matrix_sensing.md").read_text()
-    again = ms.main(["--merge-from", str(ext / "matrix_sensing.json"), "--join-tail", "--out", str(base)])
-    assert len(again["tail_runs"]) == 4 and again["tail"] == data["tail"]  # merging twice changes nothing
+def _gd_tail(rates: tuple[float, ...]) -> list[dict]:
+    """The quick tail's planned GD runs (tau 0 and 0.2, one seed) at `rates`."""
+    gd = [r for r in ms.planned_runs("tail", quick=True) if r["rule"] == "gd"]
+    return [{**r, "lr": lr} for r in gd for lr in rates]
 
 
-def test_replace_zoo_rules_on_merge(tmp_path):
-    """--replace-zoo-rules: a rule whose update changed gets its new runs in place of the old ones (a plain
-    merge keeps the runs already held for the same (rule, lr, seed))."""
-    import json
+def test_a_grid_extension_computes_only_the_new_rate_and_reselects_over_both(tmp_path, monkeypatch):
+    """A rate added to a grid: the next run computes only its runs and selects every (tau, rule) over the
+    union; running again computes nothing and adds nothing."""
+    calls = []
+    train_batched = sc.train_batched
+    monkeypatch.setattr(sc, "train_batched", lambda *a, **k: calls.append(k["lrs"]) or train_batched(*a, **k))
+    cache = ms.RunCache(tmp_path / "matrix_sensing_runs.json")
+    cache.compute_missing(_gd_tail((0.01,)), "tail", workers=1)
+    assert calls == [[0.01], [0.01]]  # one batch per tau
+    cache = ms.RunCache(tmp_path / "matrix_sensing_runs.json")  # as a second invocation reads it
+    cache.compute_missing(_gd_tail((0.003, 0.01, 0.03)), "tail", workers=1)
+    assert calls[2:] == [[0.003, 0.03], [0.003, 0.03]]  # the new rates only, batched
+    tail = ms.summarize_tail(cache.select(_gd_tail((0.003, 0.01, 0.03))))
+    assert {t["tau"] for t in tail} == {0.0, 0.2} and all(t["grid"] == [0.003, 0.01, 0.03] for t in tail)
+    cache.compute_missing(_gd_tail((0.003, 0.01, 0.03)), "tail", workers=1)
+    assert len(calls) == 4 and len(cache.runs) == 6
 
-    ms = load_benchmark("matrix_sensing")
-    base, ext = tmp_path / "base", tmp_path / "ext"
-    grid = ["--zoo-grid", "adafactor=0.001,gd=0.03"]
-    ms.main(["--quick", "--part", "zoo", *grid, "--workers", "1", "--out", str(base)])
-    ms.main(["--quick", "--part", "zoo", "--zoo-grid", "adafactor=0.001", "--workers", "1", "--out", str(ext)])
-    new = json.loads((ext / "matrix_sensing.json").read_text())
-    for r in new["zoo_runs"]:
-        r["recovery"] = 123.0  # stands for the changed rule's result
-    (ext / "matrix_sensing.json").write_text(json.dumps(new))
-    kept = ms.main(["--merge-from", str(ext / "matrix_sensing.json"), "--out", str(base)])
-    assert [r["recovery"] for r in kept["zoo_runs"] if r["rule"] == "adafactor"] != [123.0]
-    replaced = ms.main(["--merge-from", str(ext / "matrix_sensing.json"), "--replace-zoo-rules", "adafactor",
-                        "--out", str(base)])
-    assert [r["recovery"] for r in replaced["zoo_runs"] if r["rule"] == "adafactor"] == [123.0]
-    assert replaced["zoo"]["adafactor"]["recovery_mean"] == 123.0
-    assert [r for r in replaced["zoo_runs"] if r["rule"] == "gd"] == [r for r in kept["zoo_runs"] if r["rule"] == "gd"]
+
+def test_cached_runs_are_kept_until_deleted_from_the_cache(tmp_path):
+    """A rule whose update changed: its cached runs stand until its records are deleted from the cache
+    file; then only that rule is computed again, and the other rules' runs are untouched."""
+    path = tmp_path / "matrix_sensing_runs.json"
+    planned = [r for r in ms.planned_runs("zoo", quick=True) if r["rule"] in ("adafactor", "gd")]
+    ms.RunCache(path).compute_missing(planned, "zoo", workers=1)
+    runs = json.loads(path.read_text())
+    for r in runs:
+        if r["rule"] == "adafactor":
+            r["recovery"] = 123.0  # stands for the result of the rule before its update changed
+    path.write_text(json.dumps(runs))
+    cache = ms.RunCache(path)
+    cache.compute_missing(planned, "zoo", workers=1)
+    assert [r["recovery"] for r in cache.select(planned) if r["rule"] == "adafactor"] == [123.0]
+    path.write_text(json.dumps([r for r in runs if r["rule"] != "adafactor"]))
+    cache = ms.RunCache(path)
+    cache.compute_missing(planned, "zoo", workers=1)
+    assert [r["recovery"] for r in cache.select(planned) if r["rule"] == "adafactor"] != [123.0]
+    assert [r for r in cache.runs if r["rule"] == "gd"] == [r for r in runs if r["rule"] == "gd"]
+
+
+def test_the_committed_tables_rebuild_from_the_committed_run_cache(tmp_path, monkeypatch):
+    """`python -m benchmarks.matrix_sensing` on the committed cache: nothing is computed, and the tables
+    are the committed ones."""
+    results = Path(ms.__file__).parent / "results"
+    shutil.copy(results / "matrix_sensing_runs.json", tmp_path)
+
+    def computed(*args, **kwargs):
+        raise AssertionError("the committed cache lacks a run")
+
+    for name in ("train", "train_batched", "nuclear_norm_interpolant"):
+        monkeypatch.setattr(sc, name, computed)
+    monkeypatch.setattr(ms, "verdict", computed)
+    ms.main(["--workers", "1", "--out", str(tmp_path)])
+    assert (tmp_path / "matrix_sensing.md").read_text() == (results / "matrix_sensing.md").read_text()

@@ -1,6 +1,6 @@
 """`symo.optim.Symo` against independently written references (tests/references.py) and closed forms.
 
-MATH.md §4 cases: 1 (Muon), 3 (hidden-to-hidden), 4 (factored gauge), 5 (Shampoo). float64 unless
+Cases of docs/theory.md §5: Muon, hidden-to-hidden, factored gauge, Shampoo. float64 unless
 said. Everything here is small: the file runs in a few seconds.
 """
 
@@ -233,7 +233,7 @@ def test_hidden_to_hidden_is_normalised_gradient():
 # ------------------------------------------------------------------------------------------ estimators
 def test_taylor_reduces_to_gradient_estimator_when_weights_are_isotropic():
     """W^T W = s^2 I gives S_w = c I with c = s^2 / rows, so H = (S_g / c)^{1/2}: the taylor update is
-    sqrt(c) times the gradient estimator's (MATH.md §3)."""
+    sqrt(c) times the gradient estimator's."""
     torch.manual_seed(0)
     model = MLP((4, 8, 8, 8), bias=False).double()
     scales = {}
@@ -468,7 +468,7 @@ h2 = "perm"
 @pytest.mark.parametrize("options", [dict(), dict(beta2=0.9, estimator="taylor", damping=1e-4),
                                      dict(beta2=0.99, precondition_frequency=2)])
 def test_parsed_and_compiled_spec_inputs_with_perm_trivial_block(options):
-    """perm spaces couple layers and give a trivial block (MATH.md §4 case 2); taylor falls back to
+    """perm spaces couple layers and give a trivial block (the permutation MLP); taylor falls back to
     S_g there. A parsed Spec and a CompiledSpec are both accepted."""
     import symo
 

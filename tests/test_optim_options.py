@@ -1,10 +1,10 @@
 """Every Symo option against an independent reference (tests/block_reference.py, tests/references.py).
 
-The reference builds each isotypic block by hand from MATH.md §4 and takes every matrix function by a
-dense float64 eigh, in a plain loop over steps. Each case runs several steps on a float64 MLP whose
-spec has several blocks (coupled layers, a low-rank block, an invariant block), and also runs the
-reference with the option under test switched to its neighbour: the library must match the reference
-to 1e-9 and sit far (> 1e-3) from the neighbour, so an implementation that ignores the option fails by
+The reference builds each isotypic block by hand from each space's irreducible pieces and takes every
+matrix function by a dense float64 eigh, in a plain loop over steps. Each case runs several steps on a
+float64 MLP whose spec has several blocks (coupled layers, a low-rank block, an invariant block), and
+also runs the reference with the option under test switched to its neighbour: the library must match the
+reference to 1e-9 and sit far (> 1e-3) from the neighbour, so an implementation that ignores the option fails by
 a wide margin.
 """
 

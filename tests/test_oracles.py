@@ -1,4 +1,4 @@
-"""Tests of the dense oracles themselves, against closed forms from MATH.md (§1, §4, §6)."""
+"""Tests of the dense oracles themselves, against closed forms derived by hand."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def test_average_is_invariant_and_R1_is_invariant() -> None:
 
 @pytest.mark.parametrize("kind", ["signed_perm", "orthogonal"])
 def test_case1_muon_rows_signed(kind: str) -> None:
-    """MATH.md §4 case 1: S_g = I_m (x) G^T G / m."""
+    """The Muon case: S_g = I_m (x) G^T G / m."""
     m, n = 3, 4
     spaces = {"r": (kind, m, None)}
     params = [("W", (m, n), ["r", "_"])]
@@ -272,7 +272,7 @@ def test_case3_hidden_to_hidden_is_scalar() -> None:
 
 
 def test_case6_per_head_gauge() -> None:
-    """MATH.md §4 case 6, Y_h = [G_Q,h^T ; G_K,h^T], heads never couple:
+    """Attention heads, Y_h = [G_Q,h^T ; G_K,h^T], heads never couple:
 
     S[(X,h,c,i),(Y,h',c',i')] = d_hh' d_cc' sum_r G_X[h,r,i] G_Y[h,r,i'] / d_head, with X, Y in
     {Q, K}, rows split as (head, d_head), c and r over d_head, i over d_model.
@@ -301,7 +301,7 @@ TWO_PARAMS = [
     ("b2", (3,), ["b"]),
     ("W3", (2, 3), ["_", "b"]),
 ]
-# Labels (piece of a, piece of b) with (multiplicity, irrep dimension), counted by hand (MATH.md §4):
+# Labels (piece of a, piece of b) with (multiplicity, irrep dimension), counted by hand:
 # (t,t): W1 2 cols + W2 1 + b2 1 + W3 2 rows = 6, dim 1
 # (s,t): W1 2 cols + W2 column means 1    = 3, dim 2
 # (t,s): W2 row means 1 + b2 1 + W3 2 rows = 4, dim 2
@@ -310,7 +310,7 @@ LABELS = {"tt": (6, 1), "st": (3, 2), "ts": (4, 2), "ss": (1, 4)}
 
 
 def _two_space_components() -> dict[str, list[torch.Tensor]]:
-    """For each label, the P x N coordinate maps K_c of its components (MATH.md §4).
+    """For each label, the P x N coordinate maps K_c of its components.
 
     Trivial piece: u = 1/sqrt(3); standard piece: projector columns Pi = I - J/3, n coordinates.
     """
@@ -394,7 +394,7 @@ def test_two_space_commutant_dimension() -> None:
 
 @pytest.mark.parametrize("kind,n,dim", [("perm", 4, 15), ("signed_perm", 3, 4), ("signed_perm", 4, 4)])
 def test_tier2_commutant_dimension(kind: str, n: int, dim: int) -> None:
-    """R^n (x) R^n (W_hh, one space on both axes): Bell(4) = 15 for S_n, 4 for B_n (MATH.md §5).
+    """R^n (x) R^n (W_hh, one space on both axes): Bell(4) = 15 for S_n, 4 for B_n.
 
     The commutant dimension is E_g[tr(A_g)^2] (character inner product).
     """
@@ -439,7 +439,7 @@ def test_dense_power_closed_forms() -> None:
     torch.testing.assert_close(O.dense_power(s, -0.5), q @ torch.diag(inv_sqrt) @ q.T)
     damped = torch.tensor([(4 + 0.4) ** -1, (1 + 0.4) ** -1, 0.0, (0.25 + 0.4) ** -1], dtype=D)
     torch.testing.assert_close(O.dense_power(s, -1.0, damping=0.1), q @ torch.diag(damped) @ q.T)
-    # Algebra (MATH.md §6): S^{-1/2} S^{-1/2} S is the projector onto the support.
+    # Algebra: S^{-1/2} S^{-1/2} S is the projector onto the support.
     proj = q @ torch.diag(torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=D)) @ q.T
     torch.testing.assert_close(O.dense_power(s, -0.5) @ O.dense_power(s, -0.5) @ s, proj)
 
@@ -469,7 +469,7 @@ def test_dense_hessian_and_gradient_quadratic() -> None:
 
 
 def test_invariant_loss_hessian_equivariance() -> None:
-    """MATH.md §2: for an S_3-invariant MLP loss, Hess L(A w) = A Hess L(w) A^T."""
+    """Orbit equivariance: for an S_3-invariant MLP loss, Hess L(A w) = A Hess L(w) A^T."""
     spaces = {"h": ("perm", 3, None)}
     params = [("W1", (3, 2), ["h", "_"]), ("b1", (3,), ["h"]), ("W2", (1, 3), ["_", "h"])]
     names = [n for n, _, _ in params]

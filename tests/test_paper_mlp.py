@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
-from bench_loader import load_benchmark, one_thread  # noqa: F401  (one_thread: a fixture)
 
-pm = load_benchmark("paper_mlp")
+from benchmarks import paper_mlp as pm
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = {"sizes": (6, 5, 4), "n_train": 40, "n_test": 30}
 

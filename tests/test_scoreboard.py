@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from bench_loader import load_benchmark
+from benchmarks import scoreboard as sb
 
 
 def test_scoreboard_picks_the_best_of_each_side_and_names_the_winner(tmp_path, monkeypatch):
-    sb = load_benchmark("scoreboard")
     monkeypatch.setattr(sb, "RESULTS", tmp_path)
     (tmp_path / "nanogpt_compare.json").write_text(json.dumps({"optimizers": {
         "symo_muon": {"val_final_mean": 1.90}, "symo_true": {"val_final_mean": 1.80},

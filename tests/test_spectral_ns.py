@@ -1,4 +1,4 @@
-"""Muon's Newton–Schulz through one eigendecomposition (`newton_schulz_spectral`, issue 10).
+"""Muon's Newton–Schulz through one eigendecomposition (`newton_schulz_spectral`).
 
 Oracles: the matrix iteration itself in float64 (tests/references.py, Muon's published code), and the
 closed form U diag(f(sigma)) V^T from an SVD, where f is the scalar quintic map composed `steps` times

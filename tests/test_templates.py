@@ -1,4 +1,4 @@
-"""Compile once per template (issue 10, compiler.templates): the looped code equals the per-layer code.
+"""Compile once per template (compiler.templates): the looped code equals the per-layer code.
 
 The reference is the same spec compiled with `templates=False`, which derives every layer on its
 own (the path every spec took before, checked against brute-force group enumeration in

@@ -1,4 +1,4 @@
-"""Tier 2 (MATH.md §5): a space that occurs twice in one parameter (an RNN's W_hh, acted on as
+"""Tier 2 (docs/tier2.md): a space that occurs twice in one parameter (an RNN's W_hh, acted on as
 Q W Q^T), against independent oracles:
 
 - S_n and B_n: exhaustive enumeration of every group element for n = 3 and 4 (tests/oracles.py);

@@ -1,5 +1,5 @@
-"""symo.experiments.zoo (issue 11): each rule's first step on a 2 x 2 example, computed by hand from the published
-rule (PROTOCOLS.md §1), and the dial's end points. float64."""
+"""symo.experiments.zoo: each rule's first step on a 2 x 2 example, computed by hand from the published
+rule (the published protocol of Singh 2026, §1), and the dial's end points. float64."""
 
 import math
 
