@@ -20,11 +20,13 @@ import torch.multiprocessing as mp
 from distributed_cases import (
     CASES,
     STEPS,
+    batch,
     build,
     deep_spec,
     free_port,
     full_params,
     init,
+    loss_of,
     make_optimizer,
     train,
     two_branches_spec,
@@ -40,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from symo.optim import DistributedConfig, Symo, SymoConfig
 from symo.optim.distributed import assign_owners, coupling_components, resolve_mode
+from symo.runtime.compiled import NonFiniteGradientError
 
 MODES = ("fsdp", "replicated")
 EQUIVALENCE = ("mlp_tanh", "gpt_muon", "gpt_muon_path", "gpt_true", "rnn_tanh", "mlp_gradient", "shampoo_gm",
@@ -152,6 +155,19 @@ def _resume_worker(rank: int, world: int, port: int, folder: str) -> None:
             train(name, "", mode, range(3, STEPS), model, opt)
             resumed = full_params(inner)
             same[mode, name] = all(torch.equal(uninterrupted[n], resumed[n]) for n in resumed)
+        # a NaN in one rank's shard only: every rank raises, none steps
+        model, opt = _fresh("mlp_tanh", "fsdp", seed=0)
+        before = full_params(model)
+        loss_of("mlp_tanh", model, tuple(t[rank * 4:(rank + 1) * 4] for t in batch("mlp_tanh", 0))).backward()
+        if rank == 1:
+            model.fc1.weight.grad.to_local()[0, 0] = float("nan")
+        try:
+            opt.step()
+            same["nan raised"] = False
+        except NonFiniteGradientError:
+            same["nan raised"] = True
+        after = full_params(model)
+        same["nan left the weights"] = all(torch.equal(before[n], after[n]) for n in before)
         torch.save(same, os.path.join(folder, f"same{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -165,7 +181,8 @@ def _fresh(name: str, mode: str, seed: int):
 
 def test_checkpoint_save_load_resume_is_bit_identical(tmp_path):
     """get_/set_optimizer_state_dict with dcp.save / dcp.load after 3 of 5 steps (beta2 > 0: the block
-    statistics must travel too), into an optimizer built on other weights: the same bits as no stop."""
+    statistics must travel too), into an optimizer built on other weights: the same bits as no stop.
+    And a NaN gradient on one rank stops the step on every rank (no rank hangs in the exchange)."""
     world = 2
     mp.start_processes(_resume_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, start_method="fork")
     for r in range(world):
