@@ -259,3 +259,45 @@ def test_one_process_checkpoints_through_dcp_in_the_replicated_mode(tmp_path):
     set_optimizer_state_dict(fresh, fresh_opt, state["optim"])
     train("mlp_tanh", "", "off", range(3, STEPS), fresh, fresh_opt)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+
+
+def _save_worker(rank: int, world: int, port: int, folder: str) -> None:
+    init(rank, world, port)
+    try:
+        model, opt = _fresh("gpt_true", "fsdp", seed=0)
+        train("gpt_true", "", "fsdp", range(3), model, opt)
+        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+                 checkpoint_id=os.path.join(folder, "ckpt"))
+        train("gpt_true", "", "fsdp", range(3, STEPS), model, opt)
+        params = full_params(model)
+        if rank == 0:
+            torch.save(params, os.path.join(folder, "uninterrupted.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _reshard_worker(rank: int, world: int, port: int, folder: str) -> None:
+    init(rank, world, port)
+    try:
+        model, opt = _fresh("gpt_true", "fsdp", seed=1)
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=os.path.join(folder, "ckpt"))
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
+        train("gpt_true", "", "fsdp", range(3, STEPS), model, opt)
+        params = full_params(model)
+        if rank == 0:
+            torch.save(params, os.path.join(folder, "resharded.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_saved_on_two_ranks_resumes_on_four(tmp_path):
+    """The block statistics are saved under their anchor parameter's name, not their rank: a DCP checkpoint
+    of 2 ranks loads on 4, each rank taking the blocks it owns there, and the run continues as the
+    uninterrupted one (to summation order: 4 ranks reduce the gradients in another order)."""
+    mp.start_processes(_save_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="fork")
+    mp.start_processes(_reshard_worker, args=(4, free_port(), str(tmp_path)), nprocs=4, start_method="fork")
+    want, got = torch.load(tmp_path / "uninterrupted.pt"), torch.load(tmp_path / "resharded.pt")
+    for n, w in want.items():
+        assert float((got[n] - w).abs().max() / w.abs().max().clamp_min(1e-300)) < 1e-10, n
