@@ -212,6 +212,56 @@ def test_two_processes_equal_one(tmp_path):
     assert (tmp_path / "two" / "ckpt.pt").is_file()
 
 
+def _fsdp_worker(rank: int, world: int, port: int, cfg: TrainConfig, out: str, copy_at: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+
+    def keep(done: int, row: dict) -> None:  # the checkpoint as an interruption after `copy_at` steps leaves it
+        if done == copy_at and rank == 0:
+            (Path(out) / "resumed").mkdir()
+            (Path(out) / "resumed" / "ckpt.pt").write_bytes((Path(cfg.out_dir) / "ckpt.pt").read_bytes())
+
+    try:
+        result = train(cfg, keep)
+        whole = {n: (v.full_tensor() if hasattr(v, "full_tensor") else v)
+                 for n, v in result["model"].state_dict().items()}
+        if rank == 0:
+            torch.save(whole, Path(out) / f"{Path(cfg.out_dir).name}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _spawn(worker, *args) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.start_processes(worker, args=(2, port, *args), nprocs=2, join=False, start_method="fork")
+    while not ctx.join(timeout=120):
+        pass
+
+
+def test_fsdp_two_processes_equal_one_and_resume_bit_identically(tmp_path):
+    """--fsdp under torchrun's setting: FSDP2 shards the model, Symo steps the shards and computes each block
+    on one rank. The parameters equal one process's up to summation order; and with stored block statistics
+    (the paper preset), a run resumed from its step-2 checkpoint ends bit-identical to the uninterrupted one."""
+    cfg = tiny(tmp_path, out_dir=str(tmp_path / "two"), steps=3, eval_interval=3, n_layer=1, fsdp=True)
+    _spawn(_fsdp_worker, cfg, str(tmp_path), -1)
+    single = train(dataclasses.replace(cfg, out_dir=str(tmp_path / "one"), fsdp=False))
+    torch.manual_seed(cfg.seed)  # train() builds its model right after this seeding
+    init = GPT(GPTConfig(block_size=16, vocab_size=single["corpus"].vocab_size, n_layer=1, n_head=2, n_embd=16))
+    two = torch.load(tmp_path / "two.pt", weights_only=True)
+    for (n, w), w0 in zip(single["model"].state_dict().items(), init.state_dict().values()):
+        assert (two[n] - w).norm() <= 1e-3 * (w - w0).norm() + 1e-7, n
+
+    paper = dataclasses.replace(cfg, out_dir=str(tmp_path / "whole"), steps=4, eval_interval=2, preset="paper",
+                                spec="gpt_true", lr=None)
+    _spawn(_fsdp_worker, paper, str(tmp_path), 2)
+    _spawn(_fsdp_worker, dataclasses.replace(paper, out_dir=str(tmp_path / "resumed"), resume=True), str(tmp_path), -1)
+    whole, resumed = torch.load(tmp_path / "whole.pt", weights_only=True), torch.load(tmp_path / "resumed.pt",
+                                                                                      weights_only=True)
+    assert all(torch.equal(whole[n], resumed[n]) for n in whole)
+
+
 def test_cli_train_prints_sample_and_plot(tmp_path, capsys):
     cfg = tiny(tmp_path)
     args = ["train", "--data", cfg.data, "--cache-dir", cfg.cache_dir, "--out-dir", cfg.out_dir, "--n-layer", "1",

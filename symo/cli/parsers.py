@@ -31,7 +31,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def _add_train_parser(sub) -> None:
     """`symo train`: every TrainConfig field as a --flag (symo/train/config.py)."""
     t = sub.add_parser("train", help="train a small GPT on Shakespeare (or --data FILE) with Symo, Muon or AdamW",
-                       description="Train a nanoGPT-shaped character model. Under torchrun it runs with DDP.")
+                       description="Train a nanoGPT-shaped character model. Under torchrun it runs with DDP, "
+                                   "or FSDP2 with --fsdp.")
     helps = {
         "data": "UTF-8 text file (default: the bundled Shakespeare plays)",
         "out_dir": "run folder for log.csv, loss.png, ckpt.pt (default runs/<data>-<optimizer>-<time>)",
@@ -53,6 +54,8 @@ def _add_train_parser(sub) -> None:
         "cache_dir": "encoded-corpus cache folder (default: platform cache, or $SYMO_DATA_CACHE)",
         "sample_chars": "characters sampled at the end (0: none)",
         "threads": "torch CPU threads per process",
+        "fsdp": "under torchrun: shard the model with FSDP2 (fully_shard) instead of replicating it with DDP; "
+                "Symo computes each block's matrix function on one rank either way",
         "ns_method": "Symo: Newton-Schulz as the iteration (iterate), through one eigh (spectral), or auto "
                      "(spectral on CPU where cheaper); default %(default)s",
     }

@@ -4,7 +4,8 @@
 - config.py: `SymoConfig` and its per-feature dataclasses; presets.py: the named configurations;
 - plan.py: the per-block plan made at construction; statistics.py: the stored block statistics;
 - matrix_functions.py: the per-block matrix-function backends; adamw.py: the AdamW fallback;
-- checks.py: input and state-dict checks; report.py: `describe()` and `memory_report()`.
+- checks.py: input and state-dict checks; report.py: `describe()` and `memory_report()`;
+- distributed.py: several processes (FSDP2, DDP): coupling components, their owners, the exchanges.
 
 Imports only from `symo.compiler` (room 0) and `symo.runtime` (room 1). The names below load on first
 use (PEP 562), so the presets (plain data) can be read without importing torch.
@@ -17,7 +18,8 @@ from typing import Any
 
 # name -> module of this package that defines it
 _LAZY = {
-    "GROUP_KEYS": ".checks", "AdamWConfig": ".config", "CurvatureConfig": ".config", "ExecutionConfig": ".config",
+    "GROUP_KEYS": ".checks", "AdamWConfig": ".config", "CurvatureConfig": ".config", "DistributedConfig": ".config",
+    "ExecutionConfig": ".config",
     "MatrixFunctionConfig": ".config", "MomentumConfig": ".config", "SymoConfig": ".config",
     "UpdateConfig": ".config", "Symo": ".optimizer", "auto_backend": ".plan", "PRESETS": ".presets",
     "Preset": ".presets", "get_preset": ".presets",

@@ -4,6 +4,7 @@ torch.optim.AdamW's single-tensor path; moments in float32 at least (bfloat16 pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,9 +15,12 @@ def moment_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def adamw_step(group: dict[str, Any], state: dict[torch.Tensor, dict[str, Any]]) -> None:
+def adamw_step(group: dict[str, Any], state: dict[torch.Tensor, dict[str, Any]],
+               local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> None:
     """One AdamW step on the parameters of `group` ("lr", "betas", "eps", "weight_decay"); the
-    moments live in `state[p]` ("step", "exp_avg", "exp_avg_sq", as torch.optim.AdamW keeps them)."""
+    moments live in `state[p]` ("step", "exp_avg", "exp_avg_sq", as torch.optim.AdamW keeps them).
+    `local` gives the part of a tensor this process holds (a DTensor's shard): every operation is
+    elementwise, so stepping the shards is stepping the whole, without DTensor's per-operation dispatch."""
     beta1, beta2 = group["betas"]
     for p in group["params"]:
         if p.grad is None:
@@ -29,14 +33,15 @@ def adamw_step(group: dict[str, Any], state: dict[torch.Tensor, dict[str, Any]])
             st["exp_avg_sq"] = torch.zeros_like(p, dtype=dt)
         st["step"] += 1
         t = float(st["step"])
+        w, exp_avg, exp_avg_sq = local(p), local(st["exp_avg"]), local(st["exp_avg_sq"])
         if group["weight_decay"] != 0:
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-        g = p.grad.to(st["exp_avg"].dtype)
-        st["exp_avg"].lerp_(g, 1 - beta1)
-        st["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            w.mul_(1 - group["lr"] * group["weight_decay"])
+        g = local(p.grad).to(exp_avg.dtype)
+        exp_avg.lerp_(g, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         step_size = group["lr"] / (1 - beta1 ** t)
-        denom = (st["exp_avg_sq"].sqrt() / (1 - beta2 ** t) ** 0.5).add_(group["eps"])
-        if p.dtype == denom.dtype:
-            p.addcdiv_(st["exp_avg"], denom, value=-step_size)
+        denom = (exp_avg_sq.sqrt() / (1 - beta2 ** t) ** 0.5).add_(group["eps"])
+        if w.dtype == denom.dtype:
+            w.addcdiv_(exp_avg, denom, value=-step_size)
         else:
-            p.add_((st["exp_avg"] / denom).to(p.dtype), alpha=-step_size)
+            w.add_((exp_avg / denom).to(w.dtype), alpha=-step_size)

@@ -147,7 +147,11 @@ def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list
                                      f"{tuple(v.shape)}, the parameter {tuple(p.shape)}")
     for stage in stages:
         blocks = {b.id: b for b in stage.compiled.blocks}
-        for bid, st in state_dict["state"].get(stage.key, {}).items():
+        # a single process keeps them under the stage's key, several processes on their anchor parameter
+        saved = [state_dict["state"].get(stage.key, {})] + [
+            v[stage.key] for k, v in state_dict["state"].items()
+            if k != stage.key and isinstance(v, Mapping) and isinstance(v.get(stage.key), Mapping)]
+        for bid, st in (item for d in saved for item in d.items()):
             if bid not in blocks:
                 raise ValueError(f"load_state_dict: block {bid!r} of the checkpoint is not a block of spec "
                                  f"{stage.compiled.name!r}")

@@ -197,20 +197,53 @@ class ExecutionConfig:
                        f"batch_blocks must be True, False or 'auto', got {self.batch_blocks!r}")])
 
 
+@dataclass
+class DistributedConfig:
+    """Several processes (flat names: distributed_mode, ...; docs/distributed.md). Each coupling
+    component of blocks gets one owner rank, which alone computes its matrix functions and keeps its
+    statistics; the updates are then shared. Nothing here changes the result beyond float rounding,
+    except a lower `comm_dtype`."""
+
+    mode: Literal["auto", "off", "replicated", "fsdp"] = "auto"
+    """fsdp: parameters are FSDP2 DTensors sharded on dim 0 (`fully_shard`): each component's shards
+    travel to its owner and the updates' shards come back (one all-to-all per dtype and bucket, each
+    way). replicated: every rank holds the whole parameters and the same gradients (DDP): each rank
+    computes its own components and the updates are all-gathered. off: every rank steps alone on
+    what it holds (a single process). auto: fsdp when the parameters are DTensors, off otherwise
+    (plain tensors on several ranks may be DDP replicas or different pipeline stages; say replicated
+    for DDP)."""
+    comm_dtype: Literal["auto", "float32", "float64", "bfloat16"] = "auto"
+    """dtype of the exchanged tensors; auto: the momentum's own dtype (exact)."""
+    bucket_mb: float = 256.0
+    """Largest exchange buffer in MiB; a larger exchange is split into several collectives."""
+
+    def __post_init__(self) -> None:
+        raise_first([
+            (self.mode in ("auto", "off", "replicated", "fsdp"), "distributed_mode must be auto|off|replicated|fsdp"),
+            (self.comm_dtype in ("auto", "float32", "float64", "bfloat16"),
+             "distributed_comm_dtype must be auto|float32|float64|bfloat16"),
+            (isinstance(self.bucket_mb, (int, float)) and not isinstance(self.bucket_mb, bool)
+             and self.bucket_mb > 0 and math.isfinite(self.bucket_mb),
+             f"distributed_bucket_mb must be a number > 0, got {self.bucket_mb!r}"),
+        ])
+
+
 FEATURES: dict[str, type] = {"momentum": MomentumConfig, "curvature": CurvatureConfig,
                              "matrix_function": MatrixFunctionConfig, "update": UpdateConfig,
-                             "adamw": AdamWConfig, "execution": ExecutionConfig}
+                             "adamw": AdamWConfig, "execution": ExecutionConfig,
+                             "distributed": DistributedConfig}
 # flat option name -> (feature, field); the flat names are what Symo(...) and SymoConfig(...) take
 _ADAMW_FLAT = {"lr": "adamw_lr", "betas": "adamw_betas", "eps": "adamw_eps", "weight_decay": "adamw_wd"}
+_PREFIX = {"distributed": "distributed_"}
 FLAT: dict[str, tuple[str, str]] = {
-    (_ADAMW_FLAT[f.name] if feature == "adamw" else f.name): (feature, f.name)
+    (_ADAMW_FLAT[f.name] if feature == "adamw" else _PREFIX.get(feature, "") + f.name): (feature, f.name)
     for feature, cls in FEATURES.items() for f in fields(cls)}
 
 
 @dataclass(init=False, repr=False, eq=False)
 class SymoConfig:
     """Every Symo option, grouped by feature: `cfg.momentum`, `cfg.curvature`, `cfg.matrix_function`,
-    `cfg.update`, `cfg.adamw`, `cfg.execution`. Flat names (`cfg.beta2`, `SymoConfig(beta2=0.9)`,
+    `cfg.update`, `cfg.adamw`, `cfg.execution`, `cfg.distributed`. Flat names (`cfg.beta2`, `SymoConfig(beta2=0.9)`,
     `dataclasses.replace(cfg, beta2=0.9)`) read and set the same values; `Symo(..., **overrides)` takes
     the flat names and the feature names. Each feature is copied in, never shared between configs."""
 
@@ -220,6 +253,7 @@ class SymoConfig:
     update: UpdateConfig
     adamw: AdamWConfig
     execution: ExecutionConfig
+    distributed: DistributedConfig
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(FLAT) - set(FEATURES))

@@ -32,6 +32,7 @@ from . import report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
 from .config import FEATURES, FLAT, SymoConfig
+from .distributed import Distributor, make_distributor, resolve_mode, zeros_like_param
 from .matrix_functions import finish, single_statistic_apply, stored_power, taylor_power
 from .plan import Stage, build_stages, resolve_stats_dtype, stack_blocks
 from .presets import get_preset
@@ -121,6 +122,17 @@ class Symo(torch.optim.Optimizer):
         self.assignment: dict[str, str] = {
             n: ("symo" if n in covered else "adamw") for g in self.param_groups for n in g["param_names"]}
         self._compiled_directions: Callable | None = None
+        mode = resolve_mode(cfg.distributed, named)
+        self.distributor: Distributor | None = None
+        if mode != "off" and covered:
+            if cfg.estimator == "taylor":
+                raise NotImplementedError("the taylor estimator reads the whole weights; it is not distributed "
+                                          "yet (distributed_mode='off' for one process)")
+            self.distributor = make_distributor(cfg.distributed, self.plan, named, mode)
+        # several processes: a block's statistics live in its component's anchor parameter's state, on the
+        # owner only, so torch.distributed.checkpoint (which maps parameter-keyed state to names) saves them
+        self._anchors: dict[tuple[int, str], torch.Tensor] = {} if self.distributor is None else {
+            (k, bid): named[c.anchor] for c in self.distributor.components for k, bid in c.blocks}
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Only at construction: the spec is compiled for the parameters given then."""
@@ -151,10 +163,16 @@ class Symo(torch.optim.Optimizer):
             if grad.layout != torch.strided:
                 raise RuntimeError(f"Symo does not support sparse gradients (parameter {n!r}); use a dense "
                                    "gradient (e.g. nn.Embedding(..., sparse=False)) or torch.optim.SparseAdam")
-        if self.config.check_finite:
+        if self.distributor is not None:
+            self.distributor.counters.update(collectives=0, bytes=0)
+        if self.config.check_finite and self.distributor is not None:
+            self.distributor.check_finite(grads)
+        elif self.config.check_finite:
             check_finite_tensors(grads, list(grads))
         for group in self.param_groups:
-            if group["kind"] == "adamw":
+            if group["kind"] == "adamw" and self.distributor is not None:
+                adamw_step(group, self.state, self.distributor.local)
+            elif group["kind"] == "adamw":
                 adamw_step(group, self.state)
         self._step_covered([g for g in self.param_groups if g["kind"] == "symo"])
         return loss
@@ -162,6 +180,7 @@ class Symo(torch.optim.Optimizer):
     def _step_covered(self, groups: list[dict]) -> None:
         """Gradients -> momentum -> block coordinates -> matrix function -> scatter -> parameter update."""
         names, params, grads, bufs, betas, nesterovs = [], [], [], [], [], []
+        local = (lambda t: t) if self.distributor is None else self.distributor.local  # a shard's own part
         for group in groups:
             for n, p in zip(group["param_names"], group["params"]):
                 if p.grad is None:
@@ -171,13 +190,19 @@ class Symo(torch.optim.Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(p, dtype=moment_dtype(p.dtype))
                 names.append(n)
                 params.append(p)
-                grads.append(p.grad)
-                bufs.append(state["momentum_buffer"])
+                grads.append(local(p.grad))
+                bufs.append(local(state["momentum_buffer"]))
                 betas.append(group["beta1"])
                 nesterovs.append(group["nesterov"])
         if not names:
             return
-        if self.config.muon_path:  # one statistic, used at once: nothing stored per block
+        if self.distributor is not None:  # momentum here, the rest on each component's owner
+            us = dict(zip(names, momentum(grads, bufs, betas, nesterovs)))
+            gs = dict(zip(names, grads)) if self.config.source == "gradient" else None
+            owned = self.distributor.owned
+            updates = self.distributor.directions(names, us, gs,
+                                                  lambda fu, fg: self._directions(names, fu, fg, owned))
+        elif self.config.muon_path:  # one statistic, used at once: nothing stored per block
             fn = muon_path_directions
             if self.config.compile:
                 if self._compiled_directions is None:
@@ -186,22 +211,40 @@ class Symo(torch.optim.Optimizer):
             updates = fn(self.plan[0], self.config, self.stats_dtype, names, grads, bufs, tuple(betas),
                          tuple(nesterovs))
         else:
-            updates = self._averaged_directions(names, grads, bufs, betas, nesterovs)
+            us = dict(zip(names, momentum(grads, bufs, betas, nesterovs)))
+            updates = self._averaged_directions(names, us, dict(zip(names, grads)), None)
         lookup = {id(p): g for g in groups for p in g["params"]}
         for n, p in zip(names, params):
             group = lookup[id(p)]
+            target = local(p)
             if group["weight_decay"] != 0:
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-            p.add_(updates[n].to(p.dtype), alpha=-group["lr"])
+                target.mul_(1 - group["lr"] * group["weight_decay"])
+            target.add_(updates[n].to(p.dtype), alpha=-group["lr"])
 
-    def _averaged_directions(self, names, grads, bufs, betas, nesterovs) -> dict[str, torch.Tensor]:
+    def _directions(self, names: list[str], us: dict[str, torch.Tensor], grads: dict[str, torch.Tensor] | None,
+                    owned: list[set[str]]) -> dict[str, torch.Tensor]:
+        """An owner's part: `us` (and `grads`) are the whole tensors of the present parameters it owns,
+        `names` every present parameter; only the blocks in `owned` (per stage) are computed."""
+        if self.config.muon_path:
+            return muon_directions(self.plan[0], self.config, self.stats_dtype, names, us, grads, owned[0])
+        return self._averaged_directions(names, us, grads, owned)
+
+    def _block_state(self, k: int, stage: Stage, bid: str) -> dict[str, Any]:
+        """Block `bid`'s statistics: under the stage's key alone, on the anchor parameter with several."""
+        if self.distributor is None:
+            return self.state[stage.key].setdefault(bid, {"step": 0})
+        return self.state[self._anchors[(k, bid)]].setdefault(stage.key, {}).setdefault(bid, {"step": 0})
+
+    def _averaged_directions(self, names: list[str], us: dict[str, torch.Tensor],
+                             grads: dict[str, torch.Tensor] | None,
+                             owned: list[set[str]] | None) -> dict[str, torch.Tensor]:
         """Stored statistics: each block's average A is updated, its A^{power} refreshed when due, and
-        applied to the block's coordinates; a geometric mean applies its stages one after the other."""
+        applied to the block's coordinates; a geometric mean applies its stages one after the other.
+        `owned` (several processes): per stage, the blocks computed here; the others stay zero."""
         cfg = self.config
-        us = dict(zip(names, momentum(grads, bufs, betas, nesterovs)))
         like = next(iter(us.values()))
         present = set(names)
-        stats = us if cfg.source == "momentum" else {n: g.to(like.dtype) for n, g in zip(names, grads)}
+        stats = us if cfg.source == "momentum" else {n: g.to(like.dtype) for n, g in grads.items()}
         current = us
         for k, stage in enumerate(self.plan):
             comp = stage.compiled
@@ -215,10 +258,10 @@ class Symo(torch.optim.Optimizer):
             zs = {}
             for b in comp.blocks:
                 c = stage.blocks[b.id]
-                if present.isdisjoint(c.params):
+                if present.isdisjoint(c.params) or (owned is not None and b.id not in owned[k]):
                     zs[b.id] = torch.zeros_like(ys[b.id])
                     continue
-                st = self.state[stage.key].setdefault(b.id, {"step": 0})
+                st = self._block_state(k, stage, b.id)
                 average, due = update_statistic(st, ss[b.id], c.dim, cfg, self.stats_dtype)
                 if due and sw is not None and b.id in (sw.dense_factors.keys() | sw.root_factors.keys()):
                     st["precond"] = taylor_power(average, sw.factor(b.id).to(average.dtype), stage.power,
@@ -245,6 +288,12 @@ class Symo(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         state.own_loaded_state(self, state_dict)
 
+    def full_state_dict(self) -> dict[str, Any]:
+        """The state as one process holds it, on every rank: sharded state gathered into whole tensors and
+        every owner's block statistics under the stages' keys (collective: every rank calls it). What a
+        rank-0 `torch.save` checkpoint needs; `load_state_dict` takes it on any number of ranks."""
+        return {**state.consolidated_state_dict(self), "symo": state.checkpoint_meta(self.plan)}
+
     def state_bytes(self) -> int:
         """Bytes held in optimizer state tensors (momentum, AdamW moments, block statistics)."""
         return state.state_bytes(self.state)
@@ -267,7 +316,7 @@ def with_zeros(compiled: CompiledSpec, tensors: dict[str, torch.Tensor], like: t
     out = dict(tensors)
     for n in compiled.param_names:
         if n not in out:
-            out[n] = torch.zeros(compiled.shapes[n], dtype=like.dtype, device=like.device)
+            out[n] = zeros_like_param(compiled.shapes[n], like)
     return out
 
 
@@ -276,19 +325,29 @@ def muon_path_directions(stage: Stage, cfg: SymoConfig, stats_dtype: torch.dtype
     """The Muon path, Python control flow static in the shapes and config (so torch.compile takes it
     whole): momentum, block coordinates Y, S^{power} Y with S this step's statistic, scatter."""
     us = dict(zip(names, momentum(grads, bufs, betas, nesterovs)))
+    gs = dict(zip(names, grads)) if cfg.source == "gradient" else None
+    return muon_directions(stage, cfg, stats_dtype, names, us, gs, None)
+
+
+def muon_directions(stage: Stage, cfg: SymoConfig, stats_dtype: torch.dtype, names: list[str],
+                    us: dict[str, torch.Tensor], grads: dict[str, torch.Tensor] | None,
+                    owned: set[str] | None) -> dict[str, torch.Tensor]:
+    """The Muon path after momentum: `us` the vectors to precondition, `grads` for source="gradient",
+    `names` the parameters with a gradient; `owned` (several processes): the blocks computed here."""
+    like = next(iter(us.values()))
     comp = stage.compiled
-    ys = comp.gather(with_zeros(comp, us, bufs[0]))
+    ys = comp.gather(with_zeros(comp, us, like))
     if cfg.source == "gradient":
-        ss = comp.gather(with_zeros(comp, {n: g.to(bufs[0].dtype) for n, g in zip(names, grads)}, bufs[0]))
+        ss = comp.gather(with_zeros(comp, {n: g.to(like.dtype) for n, g in grads.items()}, like))
     else:
         ss = ys
     present = set(names)
     zs = {}
     groups: dict[tuple, list[str]] = {}  # same shape and constants -> one batched call
-    batch = stack_blocks(cfg, bufs[0].device)
+    batch = stack_blocks(cfg, like.device)
     for b in comp.blocks:
         c = stage.blocks[b.id]
-        if present.isdisjoint(c.params):
+        if present.isdisjoint(c.params) or (owned is not None and b.id not in owned):
             zs[b.id] = torch.zeros_like(ys[b.id])
         elif batch:
             key = (tuple(ys[b.id].shape), tuple(ss[b.id].shape), c.dim, c.backend, c.scale, c.dof, c.transposed)

@@ -31,6 +31,12 @@ def describe(opt: Symo) -> str:
              f"update_scale={cfg.update_scale} frequency={cfg.precondition_frequency}"
              + ("" if cfg.muon_path else f" statistics={str(opt.stats_dtype).removeprefix('torch.')}"),
              "  " + preset_line(opt)]
+    if opt.distributor is not None:
+        d = opt.distributor
+        mine = [c for c in d.components if c.owner == d.rank]
+        lines.append(f"  distributed ({d.mode}): rank {d.rank} of {d.world} computes {len(mine)} of "
+                     f"{len(d.components)} coupling components ({sum(len(c.blocks) for c in mine)} of "
+                     f"{sum(len(c.blocks) for c in d.components)} blocks); docs/distributed.md")
     lrs = sorted({g["lr"] for g in opt.param_groups if g["kind"] == "symo"})
     lines.append(f"  learning rate {', '.join(f'{lr:g}' for lr in lrs)}; per block, lr_eff = lr x the RMS "
                  "per entry of the unit update when the statistic is this step's vector alone (the "

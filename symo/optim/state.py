@@ -1,5 +1,6 @@
 """The optimizer state beyond torch's per-parameter entries: the checkpoint's description of the plan it was
-saved for, and the loaded block statistics made the optimizer's own (on the parameters' device)."""
+saved for, the loaded block statistics made the optimizer's own (on the parameters' device, in the layout
+this optimizer keeps), and the state of several processes consolidated into one process's layout."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
+from .distributed import shard_like
 from .plan import Stage
 
 
@@ -19,19 +23,81 @@ def checkpoint_meta(plan: list[Stage]) -> dict[str, Any]:
 
 def own_loaded_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """After torch's load_state_dict: torch casts per-parameter state to the parameter's dtype (bf16
-    momentum!) and keeps `step` shared with the loaded dict, so the saved dtypes are restored as private
-    copies; block statistics (plain tensors keyed by block id) move to the parameters' device."""
+    momentum, float64 statistics!) and keeps `step` shared with the loaded dict, so the saved dtypes are
+    restored as private copies on the parameter's device (whole tensors of a consolidated checkpoint
+    become this rank's shards of a DTensor parameter); block statistics (keyed by block id, under the
+    stage's key or on an anchor parameter) move to the device of their block's first parameter."""
+    keys = {stage.key for stage in opt.plan}
     saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
     for i, p in zip(saved_ids, (p for g in opt.param_groups for p in g["params"])):
         for k, v in state_dict["state"].get(i, {}).items():
-            if torch.is_tensor(v):
-                opt.state[p][k] = v.to(device=v.device if k == "step" else p.device, copy=True)
-    device = next(p.device for g in opt.param_groups for p in g["params"])
+            if torch.is_tensor(v) and k == "step":
+                opt.state[p][k] = v.to(device=v.device, copy=True)
+            elif torch.is_tensor(v):  # a whole tensor for a sharded parameter: this rank's rows of it
+                opt.state[p][k] = shard_like(v.to(device=p.device, copy=True), p)
+            elif k in keys and isinstance(v, dict):
+                opt.state[p][k] = {b: _owned(st, p.device) for b, st in v.items()}
+    devices = {n: p.device for g in opt.param_groups for n, p in zip(g["param_names"], g["params"])}
     for stage in opt.plan:
         blocks = opt.state.get(stage.key)
         if blocks:
-            opt.state[stage.key] = {b: {k: (v.to(device, copy=True) if torch.is_tensor(v) else v)
-                                        for k, v in st.items()} for b, st in blocks.items()}
+            where = {b.id: devices[b.params[0]] for b in stage.compiled.blocks if b.params}
+            opt.state[stage.key] = {b: _owned(st, where.get(b, next(iter(devices.values()))))
+                                    for b, st in blocks.items()}
+    relayout_blocks(opt)
+
+
+def relayout_blocks(opt: Any) -> None:
+    """Block statistics where this optimizer keeps them, whichever layout the checkpoint used: under the
+    stage's key alone (one process), on each component's anchor parameter with several, owned blocks
+    only (the other ranks' blocks are theirs)."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for k, stage in enumerate(opt.plan):
+        found: dict[str, dict] = dict(opt.state.pop(stage.key, None) or {})
+        for p in params:
+            if p in opt.state and isinstance(opt.state[p].get(stage.key), dict):
+                found.update(opt.state[p].pop(stage.key))
+        if opt.distributor is None:
+            if found:
+                opt.state[stage.key] = found
+            continue
+        for bid, st in found.items():
+            if bid in opt.distributor.owned[k]:
+                opt.state[opt._anchors[(k, bid)]].setdefault(stage.key, {})[bid] = st
+
+
+def _owned(st: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: (v.to(device, copy=True) if torch.is_tensor(v) else v) for k, v in st.items()}
+
+
+def consolidated_state_dict(opt: Any) -> dict[str, Any]:
+    """`opt.state_dict()` as one process would hold it: DTensor state gathered into whole tensors, and
+    every owner's block statistics gathered under the stages' keys. Collective: every rank calls it
+    and gets the same dict, which `load_state_dict` takes on any number of ranks."""
+    sd = opt.state_dict()
+    distributor = opt.distributor
+    if distributor is None:
+        return sd
+    keys = [stage.key for stage in opt.plan]
+    mine: dict[str, dict] = {key: {} for key in keys}
+    state: dict[Any, Any] = {}
+    for i in sorted(sd["state"], key=str):  # the same order on every rank: full_tensor is a collective
+        entry = dict(sd["state"][i])
+        for key in keys:
+            mine[key].update(entry.pop(key, None) or {})
+        state[i] = {k: (entry[k].full_tensor() if isinstance(entry[k], DTensor) else entry[k]) for k in sorted(entry)}
+    gathered: list[Any] = [None] * distributor.world
+    if distributor.world > 1:
+        dist.all_gather_object(gathered, {k: {b: {n: (v.cpu() if torch.is_tensor(v) else v) for n, v in st.items()}
+                                              for b, st in blocks.items()} for k, blocks in mine.items()},
+                               group=distributor.group)
+    else:
+        gathered = [mine]
+    for key in keys:
+        blocks = {b: st for theirs in gathered for b, st in theirs[key].items()}
+        if blocks:
+            state[key] = blocks
+    return {**sd, "state": state}
 
 
 def state_bytes(state: Any) -> int:

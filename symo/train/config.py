@@ -51,6 +51,7 @@ class TrainConfig:
     progress: bool = True
     threads: int | None = None         # torch.set_num_threads (CPU); default: torch's choice
     ns_method: str = "auto"            # Symo's Newton-Schulz evaluation: auto, iterate, spectral (SymoConfig)
+    fsdp: bool = False                 # under torchrun: FSDP2 (fully_shard) instead of DDP
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:

@@ -3,6 +3,9 @@
     symo train                                   # 4-layer GPT on the bundled Shakespeare, Symo (gpt_muon spec)
     symo train --optimizer adamw --steps 2000 --data my.txt
     torchrun --nproc_per_node 2 -m symo train    # DistributedDataParallel (gloo on CPU, NCCL on GPU)
+    torchrun --nproc_per_node 2 -m symo train --fsdp    # FSDP2 (fully_shard)
+
+Under torchrun Symo computes each block's matrix function on one rank (docs/distributed.md).
 
 A run folder holds `log.csv`, `loss.png` and `ckpt.pt`. The checkpoint is written atomically at every
 evaluation, at the end and on an interrupt, and `--resume` continues from it bit-identically: batches are
@@ -33,6 +36,7 @@ from .data import Corpus, _mix, load_corpus
 from .events import RunStart, StepReport, TrainInterrupted, TrainObserver
 from .models import GPT, GPTConfig
 from .muon import Muon
+from .parallel import distributed_mode, gather_states, load_states, shard, sharded, wrap
 from .runlog import write_csv, write_plot
 
 __all__ = ["DEFAULT_LR", "OPTIMIZERS", "RESUME_KEYS", "TrainConfig", "build_optimizer", "lr_factor", "saved_options",
@@ -46,8 +50,10 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: GPT, cfg: TrainConfig, world: int = 1) -> torch.optim.Optimizer:
+    """The optimizer of `cfg`; under torchrun (`world` > 1) Symo shares its blocks out among the ranks."""
     named = list(model.named_parameters())
+    mode = distributed_mode(cfg.fsdp, world)
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW([p for _, p in named], lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     if cfg.optimizer == "muon":
@@ -59,9 +65,9 @@ def build_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.Optimizer:
     if cfg.preset is not None:  # the preset's options; --ns-method overrides only when set
         extra = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
         return Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
-                         adamw_lr=cfg.adamw_lr, **extra)
+                    adamw_lr=cfg.adamw_lr, distributed_mode=mode, **extra)
     return Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
-                     adamw_lr=cfg.adamw_lr, ns_method=cfg.ns_method)
+                adamw_lr=cfg.adamw_lr, ns_method=cfg.ns_method, distributed_mode=mode)
 
 
 def _options(cfg: TrainConfig) -> dict[str, Any]:
@@ -177,28 +183,27 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
     torch.manual_seed(cfg.seed)
     model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=corpus.vocab_size, n_layer=cfg.n_layer,
                           n_head=cfg.n_head, n_embd=cfg.n_embd, bias=cfg.bias)).to(device)
-    opt = build_optimizer(model, cfg)
+    if sharded(cfg.fsdp, world):
+        shard(model)
+    opt = build_optimizer(model, cfg, world)
     history: dict[str, list[float]] = {"step": [], "lr": [], "train_loss": [], "val_loss": [], "elapsed_s": []}
     start = 0
     if blob is not None:
         try:
-            model.load_state_dict(blob["model"])
-            opt.load_state_dict(blob["optimizer"])
+            load_states(model, opt, blob, cfg.fsdp, world)
         except (RuntimeError, KeyError, ValueError) as exc:
             raise CheckpointError(f"{ckpt_path}: does not fit this model / optimizer ({str(exc)[:300]}); "
                                   "the checkpoint was left as it is") from None
         start, history = int(blob["step"]), blob["history"]
     base_lrs = [g["lr"] for g in opt.param_groups] if blob is None else blob["base_lrs"]
-    net: torch.nn.Module = model
-    if world > 1:
-        ids = [device] if device.startswith("cuda") else None
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    net = wrap(model, cfg.fsdp, world, device)
     if cfg.compile:
         net = torch.compile(net)
 
     def checkpoint(step: int) -> None:
+        model_state, opt_state = gather_states(model, opt, cfg.fsdp, world)  # every rank: may be collective
         if rank == 0:
-            save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+            save_checkpoint(ckpt_path, {"model": model_state, "optimizer": opt_state, "step": step,
                                         "history": history, "base_lrs": base_lrs, "settings": settings,
                                         "options": _options(cfg)})
             write_csv(run_dir / "log.csv", history)
@@ -265,10 +270,13 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
                               "final_val": history["val_loss"][-1], "steps": cfg.steps, "world": world,
                               "ms_per_step": 1e3 * _median(step_times[min(5, len(step_times) - 1):])
                               if step_times else float("nan")}
+    # a sharded model's forward needs every rank: each samples the same text (a seeded generator)
+    text = sample(model, corpus, cfg.sample_chars, cfg.seed, device) if cfg.sample_chars and (
+        rank == 0 or sharded(cfg.fsdp, world)) else ""
     if rank == 0:
         write_csv(run_dir / "log.csv", history)
         result["plot"] = write_plot(run_dir / "loss.png", history, title=f"{cfg.optimizer} on {corpus.name}")
-        result["sample"] = sample(model, corpus, cfg.sample_chars, cfg.seed, device) if cfg.sample_chars else ""
+        result["sample"] = text
     return result
 
 
