@@ -308,6 +308,22 @@ class FsdpDistributor(ExchangeDistributor):
     replicated DTensor or a plain tensor counts as whole on every rank."""
 
 
+def distribute(cfg: DistributedConfig, estimator: str, stages: list[Stage], params: Mapping[str, torch.Tensor]
+               ) -> tuple[Distributor | None, dict[tuple[int, str], torch.Tensor]]:
+    """The distributor for these parameters (None in one process or with nothing covered) and each block's
+    anchor parameter: with several processes a block's statistics live in the state of its component's
+    anchor parameter, on the owner only, so torch.distributed.checkpoint (which maps parameter-keyed state
+    to names) saves them."""
+    mode = resolve_mode(cfg, params)
+    if mode == "off" or not stages[0].compiled.param_names:
+        return None, {}
+    if estimator == "taylor":
+        raise NotImplementedError("the taylor estimator reads the whole weights; it is not distributed "
+                                  "yet (distributed_mode='off' for one process)")
+    d = make_distributor(cfg, stages, params, mode)
+    return d, {(k, bid): params[c.anchor] for c in d.components for k, bid in c.blocks}
+
+
 def make_distributor(cfg: DistributedConfig, stages: list[Stage], params: Mapping[str, torch.Tensor],
                      mode: str) -> Distributor:
     """The plan for `mode` ("replicated" or "fsdp"): components, owners and row layouts."""

@@ -32,7 +32,7 @@ from . import report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
 from .config import FEATURES, FLAT, SymoConfig
-from .distributed import Distributor, make_distributor, resolve_mode, zeros_like_param
+from .distributed import Distributor, distribute, zeros_like_param
 from .matrix_functions import finish, single_statistic_apply, stored_power, taylor_power
 from .plan import Stage, build_stages, resolve_stats_dtype, stack_blocks
 from .presets import get_preset
@@ -122,17 +122,8 @@ class Symo(torch.optim.Optimizer):
         self.assignment: dict[str, str] = {
             n: ("symo" if n in covered else "adamw") for g in self.param_groups for n in g["param_names"]}
         self._compiled_directions: Callable | None = None
-        mode = resolve_mode(cfg.distributed, named)
-        self.distributor: Distributor | None = None
-        if mode != "off" and covered:
-            if cfg.estimator == "taylor":
-                raise NotImplementedError("the taylor estimator reads the whole weights; it is not distributed "
-                                          "yet (distributed_mode='off' for one process)")
-            self.distributor = make_distributor(cfg.distributed, self.plan, named, mode)
-        # several processes: a block's statistics live in its component's anchor parameter's state, on the
-        # owner only, so torch.distributed.checkpoint (which maps parameter-keyed state to names) saves them
-        self._anchors: dict[tuple[int, str], torch.Tensor] = {} if self.distributor is None else {
-            (k, bid): named[c.anchor] for c in self.distributor.components for k, bid in c.blocks}
+        self.distributor: Distributor | None  # None in one process
+        self.distributor, self.anchors = distribute(cfg.distributed, cfg.estimator, self.plan, named)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Only at construction: the spec is compiled for the parameters given then."""
@@ -163,17 +154,14 @@ class Symo(torch.optim.Optimizer):
             if grad.layout != torch.strided:
                 raise RuntimeError(f"Symo does not support sparse gradients (parameter {n!r}); use a dense "
                                    "gradient (e.g. nn.Embedding(..., sparse=False)) or torch.optim.SparseAdam")
-        if self.distributor is not None:
-            self.distributor.counters.update(collectives=0, bytes=0)
-        if self.config.check_finite and self.distributor is not None:
-            self.distributor.check_finite(grads)
-        elif self.config.check_finite:
-            check_finite_tensors(grads, list(grads))
+        d = self.distributor
+        if d is not None:
+            d.counters.update(collectives=0, bytes=0)
+        if self.config.check_finite:
+            d.check_finite(grads) if d is not None else check_finite_tensors(grads, list(grads))
         for group in self.param_groups:
-            if group["kind"] == "adamw" and self.distributor is not None:
-                adamw_step(group, self.state, self.distributor.local)
-            elif group["kind"] == "adamw":
-                adamw_step(group, self.state)
+            if group["kind"] == "adamw":  # elementwise: each rank steps its own shards
+                adamw_step(group, self.state, *(() if d is None else (d.local,)))
         self._step_covered([g for g in self.param_groups if g["kind"] == "symo"])
         return loss
 
@@ -229,12 +217,6 @@ class Symo(torch.optim.Optimizer):
             return muon_directions(self.plan[0], self.config, self.stats_dtype, names, us, grads, owned[0])
         return self._averaged_directions(names, us, grads, owned)
 
-    def _block_state(self, k: int, stage: Stage, bid: str) -> dict[str, Any]:
-        """Block `bid`'s statistics: under the stage's key alone, on the anchor parameter with several."""
-        if self.distributor is None:
-            return self.state[stage.key].setdefault(bid, {"step": 0})
-        return self.state[self._anchors[(k, bid)]].setdefault(stage.key, {}).setdefault(bid, {"step": 0})
-
     def _averaged_directions(self, names: list[str], us: dict[str, torch.Tensor],
                              grads: dict[str, torch.Tensor] | None,
                              owned: list[set[str]] | None) -> dict[str, torch.Tensor]:
@@ -261,7 +243,7 @@ class Symo(torch.optim.Optimizer):
                 if present.isdisjoint(c.params) or (owned is not None and b.id not in owned[k]):
                     zs[b.id] = torch.zeros_like(ys[b.id])
                     continue
-                st = self._block_state(k, stage, b.id)
+                st = state.block_state(self, k, stage, b.id)
                 average, due = update_statistic(st, ss[b.id], c.dim, cfg, self.stats_dtype)
                 if due and sw is not None and b.id in (sw.dense_factors.keys() | sw.root_factors.keys()):
                     st["precond"] = taylor_power(average, sw.factor(b.id).to(average.dtype), stage.power,

@@ -63,7 +63,7 @@ def relayout_blocks(opt: Any) -> None:
             continue
         for bid, st in found.items():
             if bid in opt.distributor.owned[k]:
-                opt.state[opt._anchors[(k, bid)]].setdefault(stage.key, {})[bid] = st
+                opt.state[opt.anchors[(k, bid)]].setdefault(stage.key, {})[bid] = st
 
 
 def _owned(st: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -111,3 +111,11 @@ def _tensors(v: Any) -> Iterable[torch.Tensor]:
     elif isinstance(v, dict):
         for x in v.values():
             yield from _tensors(x)
+
+
+def block_state(opt: Any, k: int, stage: Stage, bid: str) -> dict[str, Any]:
+    """Block `bid`'s statistics (stage `k`): under the stage's key in one process, in the state of its
+    component's anchor parameter with several (see `distributed.distribute`)."""
+    if opt.distributor is None:
+        return opt.state[stage.key].setdefault(bid, {"step": 0})
+    return opt.state[opt.anchors[(k, bid)]].setdefault(stage.key, {}).setdefault(bid, {"step": 0})
