@@ -330,7 +330,7 @@ def test_bfloat16_trains_with_float64_statistics_by_default(stats_dtype, want):
     train(model, [opt], loss_fn, 20)
     assert float(loss_fn().detach()) < first
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
-    assert all(st["ema"].dtype == want for st in opt.state["symo_blocks"].values())
+    assert all(st["ema"].dtype == want for st in opt.block_statistics().values())
     assert all(opt.state[p]["exp_avg"].dtype == torch.float32 for p in (model.fc1.bias, model.fc2.bias))
 
 

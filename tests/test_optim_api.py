@@ -178,13 +178,14 @@ def test_blocks_without_gradients_keep_no_statistics():
         torch.tanh(model.fc2(torch.tanh(model.fc1(x)))).square().sum().backward()   # fc3 unused
         opt.step()
     blocks = {b.id: b.params for b in opt.compiled.blocks}
-    state = opt.state["symo_blocks"]
+    state = opt.block_statistics()
     assert torch.equal(model.fc3.weight, fc3)
     assert all(state[b]["step"] == 2 for b, ps in blocks.items() if "fc1.weight" in ps)
     assert not any(b in state for b, ps in blocks.items() if set(ps) <= {"fc3.bias"})
     opt.zero_grad()
     model(x).square().sum().backward()
     opt.step()
+    state = opt.block_statistics()  # a snapshot: read again after the step
     assert all(state[b]["step"] == 1 for b, ps in blocks.items() if set(ps) <= {"fc3.bias"})
 
 
@@ -238,18 +239,38 @@ def test_adamw_on_bfloat16_parameters_by_hand():
 
 
 def test_checkpoint_format_names_each_stage():
-    """The block statistics sit in the state dict under "symo_blocks" and, with a geometric mean, the second
-    spec's under "symo_gm_blocks": the checkpoint format other versions must read."""
+    """The block statistics sit in the state dict on their component's anchor parameter (the first that
+    requires a gradient: parameter-keyed, so torch.distributed.checkpoint saves them), under "symo_blocks"
+    and, with a geometric mean, the second spec's under "symo_gm_blocks"; a checkpoint of the earlier
+    layout, with both under string keys of the state itself, still loads and continues bit for bit."""
     torch.manual_seed(0)
     model = MLP(SIZES, bias=False).double()
-    opt = Symo(model.named_parameters(), SPECS / "shampoo_rows.toml", beta2=0.9,
-               geometric_mean_with=SPECS / "shampoo_cols.toml")
-    model(torch.randn(4, SIZES[0], dtype=torch.float64)).square().sum().backward()
+    twin = copy.deepcopy(model)
+    make = lambda m: Symo(m.named_parameters(), SPECS / "shampoo_rows.toml", beta2=0.9,  # noqa: E731
+                          geometric_mean_with=SPECS / "shampoo_cols.toml")
+    opt = make(model)
+    x = torch.randn(4, SIZES[0], dtype=torch.float64)
+    model(x).square().sum().backward()
     opt.step()
-    state = opt.state_dict()["state"]
-    assert {"symo_blocks", "symo_gm_blocks"} <= set(state)
-    assert len(state["symo_blocks"]) == len(state["symo_gm_blocks"]) == 3
-    assert all(set(st) == {"step", "ema", "precond"} for st in state["symo_gm_blocks"].values())
+    saved = opt.state_dict()
+    state = saved["state"]
+    assert not {"symo_blocks", "symo_gm_blocks"} & set(state)
+    stages = {key: {b: st for v in state.values() for b, st in v.get(key, {}).items()}
+              for key in ("symo_blocks", "symo_gm_blocks")}
+    assert len(stages["symo_blocks"]) == len(stages["symo_gm_blocks"]) == 3
+    assert all(set(st) == {"step", "ema", "precond"} for st in stages["symo_gm_blocks"].values())
+    # the earlier layout: the same statistics under string keys
+    earlier = {**saved, "state": {**{i: {k: v for k, v in st.items() if k not in stages} for i, st in state.items()},
+                                  **stages}}
+    again = make(twin)
+    twin.load_state_dict(model.state_dict())
+    again.load_state_dict(earlier)
+    for m, o in ((model, opt), (twin, again)):
+        o.zero_grad()
+        m(x).square().sum().backward()
+        o.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
 
 
 def test_strict_false_preconditions_a_subset_with_the_full_spec():

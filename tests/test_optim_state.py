@@ -69,10 +69,12 @@ def test_loaded_state_moves_to_the_parameters_device():
     kinds = set()
     for p in meta_model.parameters():
         for k, v in opt.state[p].items():
+            if k == "symo_blocks":  # the block statistics on their anchor parameter: checked below
+                continue
             kinds.add(k)
             assert v.device.type == ("cpu" if k == "step" else "meta"), k
     assert kinds == {"momentum_buffer", "step", "exp_avg", "exp_avg_sq"}
-    blocks = opt.state["symo_blocks"]
+    blocks = opt.block_statistics()
     assert blocks and all(v.device.type == "meta" for st in blocks.values() for v in st.values() if torch.is_tensor(v))
 
 
@@ -153,7 +155,7 @@ def test_taylor_on_float32_statistics_follows_float64():
                       stats_dtype="float32" if dtype == torch.float32 else "auto")
         runs.append(model)
         if dtype == torch.float32:
-            assert all(st["precond"].dtype == torch.float32 for st in opt.state["symo_blocks"].values())
+            assert all(st["precond"].dtype == torch.float32 for st in opt.block_statistics().values())
     for (n, a), b in zip(runs[0].named_parameters(), runs[1].parameters()):
         assert rel(b.detach().double(), a.detach()) < (1e-2 if n == "fc3.bias" else 1e-4), n
     assert rel(runs[0].fc2.weight.detach(), base.fc2.weight.detach()) > 1e-3
@@ -313,9 +315,9 @@ def test_bfloat16_parameters_get_float32_statistics_like_float32_parameters():
             p.grad = grads[n].to(dtype)
         opt.step()
         opts.append(opt)
-    for b, st in opts[1].state["symo_blocks"].items():
+    for b, st in opts[1].block_statistics().items():
         assert st["precond"].dtype == torch.float32
-        assert torch.equal(opts[0].state["symo_blocks"][b]["precond"], st["precond"]), b
+        assert torch.equal(opts[0].block_statistics()[b]["precond"], st["precond"]), b
 
 
 def test_bfloat16_parameters_on_the_muon_path_with_gradient_statistics():
@@ -337,3 +339,31 @@ def test_bfloat16_parameters_on_the_muon_path_with_gradient_statistics():
         assert rel(a.detach().double(), b.detach().double()) < 1e-2, n
     assert rel(models[1].fc2.weight.detach().double(), base.fc2.weight.detach().double()) > 5e-2
 
+
+
+def test_torch_distributed_checkpoint_round_trip_in_one_process(tmp_path) -> None:
+    """torch.distributed.checkpoint in one process, stored statistics included (beta2 > 0, the paper
+    preset): get_optimizer_state_dict, dcp.save, dcp.load, set_optimizer_state_dict, then two more steps
+    equal two uninterrupted ones bit for bit."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    torch.manual_seed(0)
+    model = MLP(SIZES).double()
+    opt = trained(model, TANH, preset="paper")
+    twin = copy.deepcopy(model)
+    state = {"optim": get_optimizer_state_dict(model, opt)}
+    assert any("symo_blocks" in v for v in state["optim"]["state"].values())  # keyed by parameter name
+    dcp.save(state, checkpoint_id=tmp_path)
+    resumed = Symo(twin.named_parameters(), TANH, lr=0.01, preset="paper")
+    loaded = {"optim": get_optimizer_state_dict(twin, resumed)}
+    dcp.load(loaded, checkpoint_id=tmp_path)
+    set_optimizer_state_dict(twin, resumed, loaded["optim"])
+    x, y = _data(7)
+    for m, o in ((model, opt), (twin, resumed)):
+        for _ in range(2):
+            o.zero_grad()
+            _loss(m, x, y).backward()
+            o.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)

@@ -311,17 +311,23 @@ class FsdpDistributor(ExchangeDistributor):
 def distribute(cfg: DistributedConfig, estimator: str, stages: list[Stage], params: Mapping[str, torch.Tensor]
                ) -> tuple[Distributor | None, dict[tuple[int, str], torch.Tensor]]:
     """The distributor for these parameters (None in one process or with nothing covered) and each block's
-    anchor parameter: with several processes a block's statistics live in the state of its component's
-    anchor parameter, on the owner only, so torch.distributed.checkpoint (which maps parameter-keyed state
-    to names) saves them."""
+    anchor parameter: a block's statistics live in the state of its component's anchor parameter (with
+    several processes on the owner only), so torch.distributed.checkpoint, which maps parameter-keyed
+    state to names, saves and restores them."""
     mode = resolve_mode(cfg, params)
+    anchors = {(k, bid): params[anchor(ps, params)] for ps, blocks in coupling_components(stages) for k, bid in blocks}
     if mode == "off" or not stages[0].compiled.param_names:
-        return None, {}
+        return None, anchors
     if estimator == "taylor":
         raise NotImplementedError("the taylor estimator reads the whole weights; it is not distributed "
                                   "yet (distributed_mode='off' for one process)")
-    d = make_distributor(cfg, stages, params, mode)
-    return d, {(k, bid): params[c.anchor] for c in d.components for k, bid in c.blocks}
+    return make_distributor(cfg, stages, params, mode), anchors
+
+
+def anchor(names: tuple[str, ...], params: Mapping[str, torch.Tensor]) -> str:
+    """The parameter whose optimizer state holds a component's block statistics: its first that requires a
+    gradient (torch.distributed.checkpoint loads no state into a frozen parameter)."""
+    return next((n for n in names if params[n].requires_grad), names[0])
 
 
 def make_distributor(cfg: DistributedConfig, stages: list[Stage], params: Mapping[str, torch.Tensor],
@@ -347,8 +353,7 @@ def make_distributor(cfg: DistributedConfig, stages: list[Stage], params: Mappin
     costs = [component_cost(stages, blocks, ps) if any(params[n].requires_grad for n in ps) else 0.0
              for ps, blocks in found]
     for (ps, blocks), cost, owner in zip(found, costs, assign_owners(costs, world)):
-        anchor = next((n for n in ps if params[n].requires_grad), ps[0])
-        comps.append(Component(ps, blocks, cost, owner, anchor))
+        comps.append(Component(ps, blocks, cost, owner, anchor(ps, params)))
     shapes = dict(stages[0].compiled.shapes)
     rows = {n: _rows(n, params[n], shapes[n], world, rank) for n in shapes}
     comm = None if cfg.comm_dtype == "auto" else COMM_DTYPES[cfg.comm_dtype]

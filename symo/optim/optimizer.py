@@ -271,10 +271,15 @@ class Symo(torch.optim.Optimizer):
         state.own_loaded_state(self, state_dict)
 
     def full_state_dict(self) -> dict[str, Any]:
-        """The state as one process holds it, on every rank: sharded state gathered into whole tensors and
-        every owner's block statistics under the stages' keys (collective: every rank calls it). What a
-        rank-0 `torch.save` checkpoint needs; `load_state_dict` takes it on any number of ranks."""
+        """The state consolidated, on every rank: sharded state gathered into whole tensors and every
+        owner's block statistics under the stages' keys (collective: every rank calls it). What a rank-0
+        `torch.save` checkpoint needs; `load_state_dict` takes it on any number of ranks."""
         return {**state.consolidated_state_dict(self), "symo": state.checkpoint_meta(self.plan)}
+
+    def block_statistics(self, key: str = "symo_blocks") -> dict[str, dict[str, Any]]:
+        """{block id: {"step", "ema", "precond"}} of the stored statistics ("symo_gm_blocks": a geometric
+        mean's second spec); with several processes, the blocks this rank owns."""
+        return state.block_statistics(self, key)
 
     def state_bytes(self) -> int:
         """Bytes held in optimizer state tensors (momentum, AdamW moments, block statistics)."""

@@ -48,21 +48,18 @@ def own_loaded_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> 
 
 
 def relayout_blocks(opt: Any) -> None:
-    """Block statistics where this optimizer keeps them, whichever layout the checkpoint used: under the
-    stage's key alone (one process), on each component's anchor parameter with several, owned blocks
-    only (the other ranks' blocks are theirs)."""
+    """Block statistics where this optimizer keeps them, on each component's anchor parameter, whichever
+    layout the checkpoint used: under the stage's key alone (consolidated checkpoints, and those of
+    earlier versions) or on anchor parameters; with several processes the owned blocks only (the other
+    ranks' blocks are theirs)."""
     params = [p for g in opt.param_groups for p in g["params"]]
     for k, stage in enumerate(opt.plan):
         found: dict[str, dict] = dict(opt.state.pop(stage.key, None) or {})
         for p in params:
             if p in opt.state and isinstance(opt.state[p].get(stage.key), dict):
                 found.update(opt.state[p].pop(stage.key))
-        if opt.distributor is None:
-            if found:
-                opt.state[stage.key] = found
-            continue
         for bid, st in found.items():
-            if bid in opt.distributor.owned[k]:
+            if opt.distributor is None or bid in opt.distributor.owned[k]:
                 opt.state[opt.anchors[(k, bid)]].setdefault(stage.key, {})[bid] = st
 
 
@@ -71,13 +68,11 @@ def _owned(st: dict[str, Any], device: torch.device) -> dict[str, Any]:
 
 
 def consolidated_state_dict(opt: Any) -> dict[str, Any]:
-    """`opt.state_dict()` as one process would hold it: DTensor state gathered into whole tensors, and
-    every owner's block statistics gathered under the stages' keys. Collective: every rank calls it
-    and gets the same dict, which `load_state_dict` takes on any number of ranks."""
+    """`opt.state_dict()` consolidated: DTensor state gathered into whole tensors, and every owner's block
+    statistics gathered under the stages' keys. Collective: every rank calls it and gets the same dict,
+    which `load_state_dict` takes on any number of ranks (one process included)."""
     sd = opt.state_dict()
     distributor = opt.distributor
-    if distributor is None:
-        return sd
     keys = [stage.key for stage in opt.plan]
     mine: dict[str, dict] = {key: {} for key in keys}
     state: dict[Any, Any] = {}
@@ -86,8 +81,8 @@ def consolidated_state_dict(opt: Any) -> dict[str, Any]:
         for key in keys:
             mine[key].update(entry.pop(key, None) or {})
         state[i] = {k: (entry[k].full_tensor() if isinstance(entry[k], DTensor) else entry[k]) for k in sorted(entry)}
-    gathered: list[Any] = [None] * distributor.world
-    if distributor.world > 1:
+    gathered: list[Any] = [None] * (1 if distributor is None else distributor.world)
+    if len(gathered) > 1:
         dist.all_gather_object(gathered, {k: {b: {n: (v.cpu() if torch.is_tensor(v) else v) for n, v in st.items()}
                                               for b, st in blocks.items()} for k, blocks in mine.items()},
                                group=distributor.group)
@@ -114,8 +109,13 @@ def _tensors(v: Any) -> Iterable[torch.Tensor]:
 
 
 def block_state(opt: Any, k: int, stage: Stage, bid: str) -> dict[str, Any]:
-    """Block `bid`'s statistics (stage `k`): under the stage's key in one process, in the state of its
-    component's anchor parameter with several (see `distributed.distribute`)."""
-    if opt.distributor is None:
-        return opt.state[stage.key].setdefault(bid, {"step": 0})
+    """Block `bid`'s statistics (stage `k`), in the state of its component's anchor parameter
+    (see `distributed.distribute`)."""
     return opt.state[opt.anchors[(k, bid)]].setdefault(stage.key, {}).setdefault(bid, {"step": 0})
+
+
+def block_statistics(opt: Any, key: str) -> dict[str, dict[str, Any]]:
+    """{block id: {"step", "ema", "precond"}} of the stage stored under `key`, gathered from the anchor
+    parameters' state (with several processes: the blocks this rank owns)."""
+    return {b: st for v in opt.state.values() if isinstance(v, dict) and isinstance(v.get(key), dict)
+            for b, st in v[key].items()}
