@@ -25,6 +25,7 @@ Writes benchmarks/results/distributed.{md,json}; the JSON is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -107,7 +108,10 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _counting(calls: Counter):
+@contextlib.contextmanager
+def counting_matrix_functions(calls: Counter):
+    """Count the matrix-function calls per block (the Muon path's and the stored statistics'), by wrapping
+    the two functions the step calls; the tests count with it too."""
     single, stored = optimizer_module.single_statistic_apply, optimizer_module.stored_power
 
     def single_counted(y, ys, c, *a, **k):
@@ -119,6 +123,10 @@ def _counting(calls: Counter):
         return stored(a, power, cfg, backend, where, *rest, **k)
 
     optimizer_module.single_statistic_apply, optimizer_module.stored_power = single_counted, stored_counted
+    try:
+        yield
+    finally:
+        optimizer_module.single_statistic_apply, optimizer_module.stored_power = single, stored
 
 
 def run_one(spec: str, wrap: str, mode: str, warmup: int, steps: int, world: int, rank: int,
@@ -138,7 +146,8 @@ def run_one(spec: str, wrap: str, mode: str, warmup: int, steps: int, world: int
         inner = net
     opt = Symo(inner.named_parameters(), spec, sizes=SPECS[spec], update_scale="muon", distributed_mode=mode)
     calls: Counter = Counter()
-    _counting(calls)
+    stack = contextlib.ExitStack()
+    stack.enter_context(counting_matrix_functions(calls))  # for the rest of this worker process
     times, traffic = [], []
     for step in range(warmup + steps):
         gen = torch.Generator().manual_seed(step)

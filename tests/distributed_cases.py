@@ -20,7 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-import symo.optim.optimizer as optimizer_module
+from benchmarks.distributed import counting_matrix_functions
 from symo.optim import Symo
 from symo.train.rnn import RNN
 
@@ -158,26 +158,6 @@ def counting_collectives(counts: list[str]):
     finally:
         for n, fn in saved.items():
             setattr(dist, n, fn)
-
-
-@contextlib.contextmanager
-def counting_matrix_functions(calls: Counter):
-    """Count the matrix-function calls per block (the Muon path's and the stored statistics')."""
-    single, stored = optimizer_module.single_statistic_apply, optimizer_module.stored_power
-
-    def single_counted(y, ys, c, *a, **k):
-        calls[c.where] += 1
-        return single(y, ys, c, *a, **k)
-
-    def stored_counted(a, power, cfg, backend, where, *rest, **k):
-        calls[where] += 1
-        return stored(a, power, cfg, backend, where, *rest, **k)
-
-    optimizer_module.single_statistic_apply, optimizer_module.stored_power = single_counted, stored_counted
-    try:
-        yield
-    finally:
-        optimizer_module.single_statistic_apply, optimizer_module.stored_power = single, stored
 
 
 def wrap(model: nn.Module, mode: str) -> nn.Module:
