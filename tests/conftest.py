@@ -13,6 +13,15 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """`one_thread` for a whole test module (`pytestmark = pytest.mark.usefixtures("one_thread_module")`)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny matmuls: one thread avoids OpenMP spin-waits on a loaded 2-core machine (a 20x slowdown seen)."""

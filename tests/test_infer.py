@@ -25,14 +25,7 @@ from symo.infer.verify import act, element_matrices, sample_element
 from symo.train.models import GPT, MLP, GPTConfig
 from symo.train.models_resnet import resnet_tiny
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny float64 forward passes: one thread avoids oversubscribing a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny float64 work: one torch thread
 
 
 def tiny_gpt() -> GPT:

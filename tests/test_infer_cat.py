@@ -13,13 +13,7 @@ from torch import nn
 
 from symo.infer import infer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny float64 work: one torch thread
 
 
 class Branches(nn.Module):

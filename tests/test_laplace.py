@@ -23,14 +23,7 @@ from symo.train.models import MLP
 D = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny float64 problems: one thread avoids oversubscribing a shared machine (small ops with two
-    spinning threads on busy cores ran 100 times slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny float64 work: one torch thread
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
