@@ -11,10 +11,12 @@ import warnings
 
 import pytest
 import torch
-from test_laplace import D, _one_thread, make_problem, relative_error  # noqa: F401 (autouse fixture)
+from test_laplace import D, make_problem, relative_error
 
 import symo
 from symo.laplace import SymoLaplace
+
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny float64 work: one torch thread
 
 pytest.importorskip("laplace")
 
