@@ -152,9 +152,13 @@ def _solve_jointly(open_eqs: list[AxisEquation], sizes: dict[str, int], origin: 
         # a parametric family may still hold one positive-integer point (a * b = 1), and sympy's solver
         # under positivity assumptions can miss a point altogether: the search decides when it can
         points = _enumerate(names, eqs, sizes)
-        if points is not None and len(points) < 2:
-            exact, open_ = [{symbols[x]: sympy.Integer(v) for x, v in p.items()} for p in points], []
-            solutions = exact
+        if points is not None:
+            found = [{symbols[x]: sympy.Integer(v) for x, v in p.items()} for p in points]
+            if len(points) < 2:  # none or exactly one: the search's answer stands
+                exact, open_ = found, []
+            else:  # several: free, whatever sympy returned (it can miss points)
+                exact = found
+            solutions = exact + open_
     if len(exact) == 1 and not open_:
         for x, sym in symbols.items():
             sizes[x] = int(exact[0][sym])

@@ -181,6 +181,10 @@ REGRESSIONS = [
     ({"p0": [["a"], ["a", "b"], ["a", "b"]], "p1": [["b", "c"]]}, ["a", "b", "c"], {}, {"p0": (6,), "p1": (1,)}),
     ({"p0": [["a"], ["a", "b"], ["a", "b"]], "p1": [["b"], ["b", "c"], ["b", "c"]]}, ["a", "b", "c"], {},
      {"p0": (27,), "p1": (28,)}),
+    # several solutions that sympy's solver missed were called inconsistent (bc = 4, a + 2ab = 18)
+    ({"p0": [["b", "c"]], "p1": [["a"], ["a", "b"], ["a", "b"]]}, ["a", "b", "c"], {}, {"p0": (4,), "p1": (18,)}),
+    ({"p0": [["a"], ["a", "b"], ["a", "b"]], "p1": [["a", "b"], ["a", "b"], ["b", "c"]]}, ["a", "b", "c"], {},
+     {"p0": (18,), "p1": (20,)}),
 ]
 
 
@@ -189,6 +193,8 @@ REGRESSIONS = [
 @given(systems())
 @example(REGRESSIONS[0])
 @example(REGRESSIONS[1])
+@example(REGRESSIONS[2])
+@example(REGRESSIONS[3])
 def test_joint_sizes_match_brute_force(system) -> None:
     params, used, given, shapes = system
     text = spec_text(params)
