@@ -43,8 +43,8 @@ def _paper_mlp(d: dict) -> dict[str, dict[str, float]]:
             and all(isinstance(o, dict) and "test_loss_mean" in o for o in opts.values()) for n in ("20", "100")}
 
 
-def _nanogpt(d: dict) -> dict[str, dict[str, float]]:
-    return {"nanogpt_compare": {k: o["val_final_mean"] for k, o in d["optimizers"].items()}}
+def _nanogpt(row: str) -> Callable[[dict], dict[str, dict[str, float]]]:
+    return lambda d: {row: {k: o["val_final_mean"] for k, o in d["optimizers"].items()}}
 
 
 def _rnn(d: dict) -> dict[str, dict[str, float]]:
@@ -70,7 +70,9 @@ READERS: list[tuple[str, str, Callable[[dict], dict[str, dict[str, float]]]]] = 
     ("train_mlp.json", "final test loss", _train_mlp),
     ("mnist_autoencoder.json", "final test loss", _train_mlp),
     ("rnn_train.json", "final eval MSE", _rnn),
-    ("nanogpt_compare.json", "final validation loss", _nanogpt),
+    ("nanogpt_compare.json", "final validation loss", _nanogpt("nanogpt_compare")),
+    # the reference size (batch 32 x context 128, 1000 steps): `python -m benchmarks.nanogpt_compare --reference`
+    ("nanogpt_compare_reference.json", "final validation loss", _nanogpt("nanogpt_compare_reference")),
     ("hyperspectral.json", "test RMSE", _hyperspectral),
     ("hessian_cosine.json", "cosine with the Hessian, late (higher is better)", _hessian_cosine),
 ]

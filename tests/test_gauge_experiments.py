@@ -114,12 +114,22 @@ def test_hyperspectral_reuses_its_cached_runs_and_trains_only_a_new_rate(tmp_pat
     want = [("gd", 10, 42), ("gd", 10, 123)] + ([("gd", 10, 456), ("gd", 10, 789)] if gd["lr"] == 10 else [])
     assert trained == want and gd["lr"] in (3, 10) and gd["lr_at_grid_edge"]
     stored = json.loads((tmp_path / "hyperspectral_runs.json").read_text())
-    assert len(stored) == 20 + len(trained)
+    assert len(stored) == 4 * len(hs.QUICK_GRIDS) + len(trained)
     command = (tmp_path / "hyperspectral.md").read_text().splitlines()[2]
     assert command == "Command: `python -m benchmarks.hyperspectral --quick`"
     hs.main(["--quick", "--max-steps", "50", "--workers", "1", "--out", str(tmp_path)])
     capped = [r for r in json.loads((tmp_path / "hyperspectral_runs.json").read_text()) if r["max_steps"] == 50]
-    assert len(trained) - len(want) == len(capped) >= 20  # every run trained again: the cached had another cap
+    # every run trained again: the cached runs had another cap
+    assert len(trained) - len(want) == len(capped) >= 4 * len(hs.QUICK_GRIDS)
+
+
+def test_hyperspectral_step_cap_of_an_expensive_rule_applies_to_its_runs_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(hs, "QUICK_GRIDS", {"gd": (3,), "symo_paper": (3e-3,)})
+    monkeypatch.setitem(hs.STEP_CAPS, "symo_paper", 7)
+    hs.main(["--quick", "--workers", "1", "--out", str(tmp_path)])
+    stored = json.loads((tmp_path / "hyperspectral_runs.json").read_text())
+    assert {(r["rule"], r["max_steps"]) for r in stored} == {("gd", 60), ("symo_paper", 7)}
+    assert all(r["steps"] <= 7 for r in stored if r["rule"] == "symo_paper")
 
 
 def test_hyperspectral_committed_tables_rebuild_from_the_committed_run_cache(tmp_path, monkeypatch):
