@@ -47,10 +47,11 @@ GRIDS = {"gd": (0.3, 1, 3, 10, 30), "adam": (1e-3, 3e-3, 1e-2), "scalar_adam": (
 EXTENDED_GRIDS = {"gd": (0.3, 1, 3, 10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000),
                   "adam": (1e-3, 3e-3, 1e-2, 3e-2, 0.1), "scalar_adam": (3e-3, 1e-2, 3e-2, 0.1),
                   "muon": (0.01, 0.03, 0.1, 0.3), "symo": (3e-3, 1e-2, 3e-2), "symo_paper": (1e-3, 3e-3, 1e-2)}
-# The paper preset's step costs about 40x the others' (a 2200-square float64 eigh every 10 steps), so its
-# runs stop at this many steps instead of the protocol's cap; a rate that has not reached a level by then
-# is scored on the levels it reached, as the selection rule does for every capped run.
-STEP_CAPS = {"symo_paper": 2000}
+# Rules whose step is expensive (the paper preset: a 2200-square float64 eigh every step, ~600x GD's step)
+# select their rate in two rounds, which chooses exactly the rate the protocol's rule chooses (see
+# pruning_budget): the grid's middle rate first, then every other rate with its runs stopped at the step
+# after which they can no longer be chosen.
+PRUNED_RULES = ("symo_paper",)
 QUICK_GRIDS = {r: g[len(g) // 2: len(g) // 2 + 1] for r, g in GRIDS.items()}
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -166,6 +167,47 @@ def select(runs: list[dict]) -> float:
     return min(by_lr, key=key)
 
 
+def pruning_budget(incumbent: list[dict]) -> int | None:
+    """Steps after which a selection run at another rate can no longer be chosen over `incumbent` (the
+    runs of one rate, one per selection seed), or None when there is no such step.
+
+    A rate that has reached every level on every seed can only lose to a rate that also reaches every
+    level, with a smaller mean step (or the same mean and a smaller rate). A seed that reaches the last
+    level after step 2 * s (s the incumbent's mean) already makes that mean larger than s, whatever the
+    other seeds do, so its run can stop at step floor(2 s): the chosen rate is the one `select` would
+    choose from runs that all went to the cap. An incumbent that misses a level bounds nothing: a rate
+    reaching more levels wins at any step count."""
+    if deepest_common(incumbent) != LEVELS[-1]:
+        return None
+    return math.floor(2 * statistics.fmean(r["hits"][str(LEVELS[-1])]["step"] for r in incumbent))
+
+
+def selection_runs(cache: RunCache, grids: dict, densities, base: dict, workers: int) -> list[dict]:
+    """Every selection run, trained where the cache lacks it; PRUNED_RULES in two rounds (pruning_budget)."""
+    def task(r, lr, s, d, max_steps=None):
+        return {"rule": r, "lr": lr, "seed": s, "density": d, **base,
+                **({"max_steps": max_steps} if max_steps is not None else {})}
+
+    def middle(g):
+        return g[len(g) // 2]
+
+    plain = [task(r, lr, s, d) for d in densities for r, g in grids.items() if r not in PRUNED_RULES
+             for lr in g for s in SELECT_SEEDS]
+    first = [task(r, middle(g), s, d) for d in densities for r, g in grids.items() if r in PRUNED_RULES
+             for s in SELECT_SEEDS]
+    runs = cache.get(plain + first, "select", workers)
+    rest = []
+    for d in densities:
+        for r, g in grids.items():
+            if r not in PRUNED_RULES:
+                continue
+            budget = pruning_budget([x for x in runs if x["rule"] == r and x["density"] == d
+                                     and x["lr"] == middle(g)])
+            cap = base["max_steps"] if budget is None else min(budget, base["max_steps"])
+            rest += [task(r, lr, s, d, cap) for lr in g if lr != middle(g) for s in SELECT_SEEDS]
+    return runs + cache.get(rest, "select (pruned)", workers)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="120 pixels, 60 steps, one rate per rule, to a temp dir")
@@ -183,16 +225,14 @@ def main(argv: list[str] | None = None) -> dict:
     densities = DENSITIES[1:] if args.quick else DENSITIES
     command = "python -m benchmarks.hyperspectral" + (" --quick" if args.quick else "") + "".join(
         f" --{flag} {given}" for flag, given in (("pixels", ap_pixels), ("max-steps", ap_steps)) if given)
-    def base(rule: str) -> dict:
-        return {"n_pixels": args.pixels, "max_steps": min(args.max_steps, STEP_CAPS.get(rule, args.max_steps))}
-
+    base = {"n_pixels": args.pixels, "max_steps": args.max_steps}
     cache = RunCache(out / "hyperspectral_runs.json")
-    tasks = [{"rule": r, "lr": lr, "seed": s, "density": d, **base(r)}
-             for d in densities for r, g in grids.items() for lr in g for s in SELECT_SEEDS]
-    runs = cache.get(tasks, "select", args.workers)
+    runs = selection_runs(cache, grids, densities, base, args.workers)
     chosen = {(d, r): select([x for x in runs if x["rule"] == r and x["density"] == d])
               for d in densities for r in grids}
-    extra = [{"rule": r, "lr": chosen[(d, r)], "seed": s, "density": d, **base(r)}
+    pruned = {(d, r): min(x["max_steps"] for x in runs if x["rule"] == r and x["density"] == d)
+              for d in densities for r in grids if r in PRUNED_RULES}
+    extra = [{"rule": r, "lr": chosen[(d, r)], "seed": s, "density": d, **base}
              for d in densities for r in grids for s in REPORT_SEEDS if s not in SELECT_SEEDS]
     runs += cache.get(extra, "report", args.workers)
     data: dict = {}
@@ -209,7 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "test_rmse_std": statistics.pstdev(h["test_rmse"] for h in hits) if hits else None,
                         "erank_mean": statistics.fmean(h["erank"] for h in hits) if hits else None,
                         "steps_mean": statistics.fmean(h["step"] for h in hits) if hits else None,
-                        "lr_at_grid_edge": chosen[(d, r)] in (grids[r][0], grids[r][-1]) and len(grids[r]) > 1}
+                        "lr_at_grid_edge": chosen[(d, r)] in (grids[r][0], grids[r][-1]) and len(grids[r]) > 1,
+                        **({"selection_runs_stopped_at": pruned[(d, r)]} if (d, r) in pruned else {})}
             det[r] = {str(lv): {"test_rmse_mean": statistics.fmean(x["hits"][str(lv)]["test_rmse"] for x in rs),
                                 "erank_mean": statistics.fmean(x["hits"][str(lv)]["erank"] for x in rs)}
                       for lv in LEVELS if all(str(lv) in x["hits"] for x in rs)}
@@ -238,12 +279,15 @@ def render_md(data, detail, command: str, args, grids) -> str:
     if added and not args.quick:
         lines += [f"LR grids: the protocol's, plus points added beyond its ends ({added}), so that each chosen "
                   "rate is bracketed; the selection rule is the protocol's.", ""]
-    capped = [f"{r} at most {min(cap, args.max_steps)} steps" for r, cap in STEP_CAPS.items()
-              if r in grids and cap < args.max_steps]
-    if capped and not args.quick:
-        lines += [f"Step caps below the protocol's, for rules whose step is expensive: {'; '.join(capped)}. "
-                  "symo_paper is the paper preset (averaged S_g, no momentum, float64 statistics) with its "
-                  "inverse root refreshed every 10 steps: its one O(48) block has multiplicity 2000 + 200.", ""]
+    stops = [f"{r} {e['selection_runs_stopped_at']} steps at density {d}" for d, entry in data.items()
+             for r, e in entry.items() if e.get("selection_runs_stopped_at", args.max_steps) < args.max_steps]
+    if any(r in grids for r in PRUNED_RULES) and len(grids.get("symo_paper", ())) > 1:
+        lines += ["symo_paper is the paper preset (averaged S_g, no momentum, float64 statistics, the inverse "
+                  "root every step). Its one O(48) block has multiplicity pixels + 200, so its step is a "
+                  "2200-square eigh. Its rate is chosen in two rounds that choose what the protocol's rule "
+                  "chooses: the grid's middle rate on both selection seeds first; then every other rate's "
+                  "runs stop at twice the middle rate's mean steps to the last level, after which they can no "
+                  "longer be chosen" + (f" ({'; '.join(stops)})" if stops else "") + ".", ""]
     if args.pixels != 2000 or args.max_steps != 30_000:
         lines += ["**Reduced from the protocol to fit the CPU budget** (2 shared cores): "
                   f"{args.pixels} pixels instead of 2000, at most {args.max_steps} steps instead of 30 000"

@@ -3,6 +3,7 @@
 
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 import pytest
@@ -123,13 +124,57 @@ def test_hyperspectral_reuses_its_cached_runs_and_trains_only_a_new_rate(tmp_pat
     assert len(trained) - len(want) == len(capped) >= 4 * len(hs.QUICK_GRIDS)
 
 
-def test_hyperspectral_step_cap_of_an_expensive_rule_applies_to_its_runs_only(tmp_path, monkeypatch):
-    monkeypatch.setattr(hs, "QUICK_GRIDS", {"gd": (3,), "symo_paper": (3e-3,)})
-    monkeypatch.setitem(hs.STEP_CAPS, "symo_paper", 7)
-    hs.main(["--quick", "--workers", "1", "--out", str(tmp_path)])
-    stored = json.loads((tmp_path / "hyperspectral_runs.json").read_text())
-    assert {(r["rule"], r["max_steps"]) for r in stored} == {("gd", 60), ("symo_paper", 7)}
-    assert all(r["steps"] <= 7 for r in stored if r["rule"] == "symo_paper")
+def test_hyperspectral_pruning_budget():
+    def run(levels, step):
+        return {"hits": {str(lv): {"step": step} for lv in hs.LEVELS[:levels]}}
+
+    assert hs.pruning_budget([run(6, 87), run(6, 88)]) == 175  # floor(2 * 87.5)
+    assert hs.pruning_budget([run(6, 87), run(5, 40)]) is None  # a rate reaching more levels wins at any step
+
+
+class _SyntheticCache:
+    """Stands in for RunCache: a run's first step at each level is drawn once per (rule, lr, seed, density)
+    and a run stopped at max_steps keeps the levels it reached by then, as a truncated training run does."""
+
+    def __init__(self, seed: int):
+        self.seed, self.asked = seed, []
+
+    def get(self, tasks, desc, workers):
+        self.asked += tasks
+        return [self.run(t) for t in tasks]
+
+    def run(self, t):
+        key = repr((self.seed, t["rule"], t["lr"], t["seed"], t["density"])).encode()
+        g = torch.Generator().manual_seed(zlib.crc32(key))
+        every = float(torch.rand((), generator=g)) < 0.75
+        reach = len(hs.LEVELS) if every else int(torch.randint(3, len(hs.LEVELS), (), generator=g))
+        scale = 2 ** int(torch.randint(0, 4, (), generator=g))  # rates and seeds 8x apart in speed
+        steps = (scale * torch.randint(1, 30, (len(hs.LEVELS),), generator=g).cumsum(0)).tolist()
+        hits = {str(lv): {"step": s} for lv, s in zip(hs.LEVELS[:reach], steps) if s <= t["max_steps"]}
+        return {**t, "hits": hits}
+
+
+def test_hyperspectral_pruned_selection_chooses_the_rate_that_full_selection_chooses(monkeypatch):
+    """Oracle: selecting from runs that all went to the protocol's cap. 400 synthetic draws of the steps
+    each rate needs, with rates that miss levels, ties and incumbents that miss levels among them."""
+    monkeypatch.setattr(hs, "PRUNED_RULES", ("symo_paper",))
+    grids = {"symo_paper": (1e-3, 3e-3, 1e-2, 3e-2, 0.1), "gd": (1, 3)}
+    base = {"n_pixels": 2000, "max_steps": 30_000}
+    pruned_any = cut = 0
+    for seed in range(400):
+        cache = _SyntheticCache(seed)
+        runs = hs.selection_runs(cache, grids, (0.15,), base, workers=1)
+        full = [cache.run({**t, "max_steps": base["max_steps"]}) for t in cache.asked]
+        for rule in grids:
+            mine = [x for x in runs if x["rule"] == rule]
+            assert hs.select(mine) == hs.select([x for x in full if x["rule"] == rule])
+        stops = {x["max_steps"] for x in runs if x["rule"] == "symo_paper" and x["lr"] != 1e-2}
+        budget = hs.pruning_budget([x for x in runs if x["rule"] == "symo_paper" and x["lr"] == 1e-2])
+        assert stops == {base["max_steps"] if budget is None else budget}
+        assert {x["max_steps"] for x in runs if x["rule"] == "gd"} == {base["max_steps"]}
+        pruned_any += budget is not None
+        cut += sum(len(x["hits"]) < len(cache.run({**x, "max_steps": base["max_steps"]})["hits"]) for x in runs)
+    assert 50 < pruned_any < 350 and cut > 50  # both branches exercised, and runs really cut short
 
 
 def test_hyperspectral_committed_tables_rebuild_from_the_committed_run_cache(tmp_path, monkeypatch):
