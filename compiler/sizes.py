@@ -20,16 +20,16 @@ mention them and which size to give; *inconsistent* names the two axes that disa
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import sympy
 
 from .errors import SpecError, few
 
 
-@dataclass(frozen=True)
-class AxisEquation:
+class AxisEquation(NamedTuple):
     """sum_t prod(size[x] for x in terms[t]) == length, for axis `axis` of parameter `param`."""
 
     param: str
@@ -81,29 +81,38 @@ def solve_sizes(equations: list[AxisEquation], known: Mapping[str, int], source:
 
 
 def _propagate(equations: list[AxisEquation], sizes: dict[str, int], origin: dict, source: str) -> None:
-    """Fix every unknown that is alone and linear in some equation, until nothing changes."""
-    changed = True
-    while changed:
-        changed = False
-        for eq in equations:
-            unknown = {x for t in eq.terms for x in t if x not in sizes}
-            if len(unknown) != 1:
-                continue
-            (u,) = unknown
-            if any(t.count(u) > 1 for t in eq.terms):  # u^2: left to sympy
-                continue
-            known = sum(math.prod(sizes[x] for x in t) for t in eq.terms if u not in t)
-            coeff = sum(math.prod(sizes[x] for x in t if x != u) for t in eq.terms if u in t)
-            rest = eq.length - known
-            if rest <= 0 or coeff <= 0 or rest % coeff:
-                raise SpecError(f"cannot split axis of length {eq.length}: the other factors give "
-                                f"{known} + {coeff} * size({display(u)}), which has no positive "
-                                "integer solution" + _origins(eq, sizes, origin), file=source, key=eq.key,
-                                param=eq.param, axis=eq.axis,
-                                hint="check the segments and the declared sizes")
-            sizes[u] = rest // coeff
-            origin[u] = eq
-            changed = True
+    """Fix every unknown that is alone and linear in some equation, until nothing changes. A
+    worklist: an equation is looked at when it has one unknown left."""
+    unknowns = {id(eq): {x for t in eq.terms for x in t if x not in sizes} for eq in equations}
+    using: dict[str, list[AxisEquation]] = {}
+    for eq in equations:
+        for x in unknowns[id(eq)]:
+            using.setdefault(x, []).append(eq)
+    pending = deque(eq for eq in equations if len(unknowns[id(eq)]) == 1)
+    while pending:
+        eq = pending.popleft()
+        left = unknowns[id(eq)]
+        if len(left) != 1:
+            continue
+        u = next(iter(left))
+        if any(t.count(u) > 1 for t in eq.terms):  # u^2: left to sympy
+            continue
+        known = sum(math.prod(sizes[x] for x in t) for t in eq.terms if u not in t)
+        coeff = sum(math.prod(sizes[x] for x in t if x != u) for t in eq.terms if u in t)
+        rest = eq.length - known
+        if rest <= 0 or coeff <= 0 or rest % coeff:
+            raise SpecError(f"cannot split axis of length {eq.length}: the other factors give "
+                            f"{known} + {coeff} * size({display(u)}), which has no positive "
+                            "integer solution" + _origins(eq, sizes, origin), file=source, key=eq.key,
+                            param=eq.param, axis=eq.axis,
+                            hint="check the segments and the declared sizes")
+        sizes[u] = rest // coeff
+        origin[u] = eq
+        for other in using[u]:
+            left = unknowns[id(other)]
+            left.discard(u)
+            if len(left) == 1:
+                pending.append(other)
 
 
 def _component(open_eqs: list[AxisEquation], sizes: Mapping[str, int]) -> set[str]:
