@@ -3,9 +3,11 @@
 Each stage is a pure function with one data type at its boundary:
 
     parse_spec / load_spec : TOML text     -> Spec            (compiler.parse)
-    bind                   : Spec + shapes -> BoundSpec       (compiler.validate)
-    derive_structure       : BoundSpec     -> Structure       (compiler.structure)
-    generate               : Structure     -> GeneratedCode   (compiler.codegen)
+    bind                   : Spec + shapes -> BoundSpec       (compiler.bind)
+    derive_structure       : BoundSpec     -> Structure       (compiler.structure; compiler.repeated
+                                                               where a space repeats within one tensor)
+    generate               : Structure     -> GeneratedCode   (compiler.codegen, codegen_template,
+                                                               codegen_repeated, all through compiler.emit)
     compile_spec           : all of it, through the memory and disk caches -> GeneratedModule
 """
 
@@ -20,16 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import DiskCache, default_cache_dir
-from .codegen import CODEGEN_VERSION, GeneratedCode, generate
+from .bind import bind, shapes_of
+from .bound import BoundSpec
+from .cache import DiskCache, cache_key_text, default_cache_dir
+from .codegen import generate
+from .codegen_repeated import generate_repeated
 from .codegen_template import generate_templated
-from .codegen_tier2 import generate_tier2
+from .emit import GeneratedCode
 from .errors import SpecError
 from .parse import GROUPS, ParamRule, SpaceDecl, Spec, load_spec, parse_spec
+from .repeated import derive_repeated, has_repeated_spaces, key_material
 from .structure import IsotypicBlock, Structure, derive_structure
 from .templates import TEMPLATES_VERSION, TemplatePlan, find_families
-from .tier2 import derive_tier2, is_tier2, key_material
-from .validate import BoundSpec, bind, shapes_of
 
 __all__ = [
     "GROUPS", "BoundSpec", "DiskCache", "GeneratedCode", "GeneratedModule", "IsotypicBlock", "ParamRule",
@@ -66,10 +70,10 @@ _MEMORY: dict[str, _Entry] = {}
 def cache_key(spec: Spec, bound: BoundSpec, plan: TemplatePlan | None = None) -> str:
     """Content address of the generated source: spec text (canonical) and layout, never sizes; a
     layout compiled with families (compiler.templates) is marked, so its source never mixes with
-    the per-layer one (the keys of specs without families are as before)."""
+    the layer-by-layer one. The text's format is compiler.cache's."""
     templates = f"|templates v{TEMPLATES_VERSION}" if plan is not None else ""
-    text = (f"v{CODEGEN_VERSION}|{bound.name}|{spec.canonical()}|{bound.layout_material()}{key_material(bound)}"
-            f"{templates}")
+    text = cache_key_text(f"{bound.name}|{spec.canonical()}|{bound.layout_material()}{key_material(bound)}"
+                          f"{templates}")
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -143,15 +147,17 @@ def _compile_spec(spec: Spec, shapes: Any, sizes: dict[str, int] | None, cache_d
 
 
 def template_plan(bound: BoundSpec) -> TemplatePlan | None:
-    """The families of a tier-1 layout (compiler.templates); None for tier 2 or when there are none."""
-    return None if is_tier2(bound) else find_families(bound)
+    """The families of a layout (compiler.templates); None when a space repeats within one tensor
+    (those layouts are compiled without families) or when there are none."""
+    return None if has_repeated_spaces(bound) else find_families(bound)
 
 
 def generate_source(bound: BoundSpec, key: str, plan: TemplatePlan | None = None) -> str:
-    """Tier 1 for specs whose spaces occur at most once per block, tier 2 (docs/theory.md) otherwise;
-    tier 1 with one loop per family when `plan` (from `template_plan`) has families."""
-    if is_tier2(bound):
-        return generate_tier2(derive_tier2(bound), key).source
+    """compiler.codegen for specs whose spaces occur at most once per block (with one loop per
+    family when `plan`, from `template_plan`, has families); compiler.codegen_repeated where a
+    space repeats within one tensor (docs/repeated_spaces.md)."""
+    if has_repeated_spaces(bound):
+        return generate_repeated(derive_repeated(bound), key).source
     if plan is not None:
         return generate_templated(plan, key).source
     return generate(derive_structure(bound), key).source

@@ -19,8 +19,18 @@ from pathlib import Path
 
 import platformdirs
 
+from .emit import EMIT_VERSION
+
 ENV_VAR = "SYMO_CACHE_DIR"
 SECRET_BYTES = 32
+# The key scheme: bumped with the emitter, so entries written by another emitter are never looked up
+# (they stay on disk, unused, until the user clears the directory).
+KEY_FORMAT = f"symo-kernel/emitter-{EMIT_VERSION}"
+
+
+def cache_key_text(material: str) -> str:
+    """The text an entry's key hashes: the key format, then what the source depends on."""
+    return f"{KEY_FORMAT}|{material}"
 
 
 def default_cache_dir() -> Path:

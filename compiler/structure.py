@@ -1,4 +1,5 @@
-"""Stage 3, structure: `BoundSpec` -> `Structure`, the isotypic decomposition of docs/theory.md (tier 1).
+"""Stage 3, structure: `BoundSpec` -> `Structure`, the isotypic decomposition of docs/theory.md for
+layouts in which every space occurs at most once per block (compiler.repeated handles the others).
 
 Every space splits R^n into irreducible pieces: `perm` into trivial (J/n) and standard (I - J/n),
 `signed_perm` and `orthogonal` stay whole ("nat"), `identity` is multiplicity. A *component* of a
@@ -156,6 +157,16 @@ def _flat_terms(expr):
             yield term
 
 
+_PIECES = {"perm": (STD, TRIV), "signed_perm": (NAT,), "orthogonal": (NAT,), "identity": (None,)}
+
+
+def single_pieces(group: str, size: int) -> tuple[str | None, ...]:
+    """The irreducible pieces of R^n under `group` (None: multiplicity, no group acts)."""
+    if group == "perm" and size == 1:  # S_1: the standard piece is empty
+        return (TRIV,)
+    return _PIECES[group]
+
+
 def label_groups(bound: BoundSpec) -> dict[tuple, list]:
     """Every component (param, block, pieces) grouped by its (label, batch spaces), in order of first
     appearance over the parameters: the order that numbers the blocks L0, L1, ... No sympy here."""
@@ -165,14 +176,7 @@ def label_groups(bound: BoundSpec) -> dict[tuple, list]:
     for param in bound.params:
         for block in param.blocks:
             atoms = block.atoms
-            choices = []
-            for atom in atoms:
-                group = spaces[atom.space].group if atom.space else "identity"
-                pieces = {"perm": (STD, TRIV), "signed_perm": (NAT,), "orthogonal": (NAT,),
-                          "identity": (None,)}[group]
-                if group == "perm" and atom.size == 1:  # S_1: the standard piece is empty
-                    pieces = (TRIV,)
-                choices.append(pieces)
+            choices = [single_pieces(spaces[a.space].group if a.space else "identity", a.size) for a in atoms]
             for pieces in itertools.product(*choices):
                 label = tuple(sorted(((atoms[k].space, p) for k, p in enumerate(pieces) if p in (STD, NAT)),
                                      key=lambda sp: rank[sp[0]]))

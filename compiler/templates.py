@@ -7,10 +7,11 @@ owners, and perm spaces of size 1, which have no standard piece) in the same pos
 declaration order. A `{i}` stack of layers is the typical family; equality is checked on the bound
 layout, so layers written out one by one form a family too.
 
-For each family the structure is derived once, on a representative whose size symbols are renamed
-_s0, _s1, ... (`rep`). The generated module carries the members as data, a table of parameter
-names, space names, block ids and size-symbol names (repr literals: input text never becomes code),
-and loops over it in gather, scatter and BLOCKS. So the sympy work and the generated code do not
+For each family the structure is derived once, on a representative whose sizes are renamed to
+names without the layer (`rep`: n_mlp for n_mlp3, d_c_fc_weight_dim1 for
+d_h_3_mlp_c_fc_weight_dim1; compiler.size_names). The generated module carries the members as data,
+a table of parameter names, space names, block ids and size names (repr literals: input text never
+becomes code), and loops over it in gather, scatter and BLOCKS. So the sympy work and the generated code do not
 grow with depth; only the table does. Blocks inside a member keep the ids the per-layer
 derivation gives them (L<i>, numbered over the whole spec); the trivial block, which couples every
 member, takes its rows as a running offset computed in the loop, never as a sum over members. Its
@@ -25,7 +26,8 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from .bound import Atom, Block, BoundParam, BoundSpec
+from .bound import Atom, Block, BoundParam, BoundSpec, connected
+from .size_names import family_space_symbol, free_symbol, parameter_stems
 from .structure import label_groups
 
 TEMPLATES_VERSION = "1"
@@ -35,13 +37,14 @@ MIN_MEMBERS = 2  # a family of one gains nothing from a loop
 @dataclass(frozen=True)
 class Family:
     """Units equal up to names. Row k of `params`, `spaces`, `symbols` is member k's parameter names
-    (in the unit's order), space names (in order of first appearance) and the size symbol behind
-    _s0, _s1, ... of `rep`."""
+    (in the unit's order), space names (in order of first appearance) and size names; `local` are
+    the representative's size names in the same order (the loop's variables)."""
 
     rep: BoundSpec
     params: tuple[tuple[str, ...], ...]
     spaces: tuple[tuple[str, ...], ...]
     symbols: tuple[tuple[str, ...], ...]
+    local: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -68,53 +71,35 @@ class TemplatePlan:
 
 def find_families(bound: BoundSpec, min_members: int = MIN_MEMBERS) -> TemplatePlan | None:
     """Group the parameters into units and the units into families; None when no family has
-    `min_members` members (the spec then compiles as before, per parameter)."""
-    units = _units(bound)
+    `min_members` members (the spec then compiles layer by layer)."""
     rank = {s: i for i, s in enumerate(bound.spaces)}
     by_signature: dict[tuple, list] = {}
-    for params in units:
+    for params in _units(bound):
         signature, spaces, symbols = _signature(params, bound, rank)
         by_signature.setdefault(signature, []).append((params, spaces, symbols))
-    families, in_family = [], set()
-    for members in by_signature.values():
-        if len(members) < min_members:
-            continue
-        families.append(Family(rep=_representative(bound, members[0]),
-                               params=tuple(tuple(p.name for p in m[0]) for m in members),
-                               spaces=tuple(m[1] for m in members), symbols=tuple(m[2] for m in members)))
-        in_family.update(p.name for m in members for p in m[0])
-    if not families:
+    found = [members for members in by_signature.values() if len(members) >= min_members]
+    if not found:
         return None
+    in_family = {p.name for members in found for m in members for p in m[0]}
     rest_params = tuple(p for p in bound.params if p.name not in in_family)
     used = {a.space for p in rest_params for b in p.blocks for a in b.atoms if a.space is not None}
     rest = dataclasses.replace(bound, params=rest_params,
                                spaces={s: sp for s, sp in bound.spaces.items() if s in used})
+    families = []
+    for members in found:
+        rep, local = _representative(bound, members[0], set(rest.sizes))
+        families.append(Family(rep=rep, params=tuple(tuple(p.name for p in m[0]) for m in members),
+                               spaces=tuple(m[1] for m in members), symbols=tuple(m[2] for m in members),
+                               local=local))
     return TemplatePlan(families=tuple(families), rest=rest, bound=bound)
 
 
 def _units(bound: BoundSpec) -> list[list[BoundParam]]:
-    """Parameters joined by shared spaces (union-find), each unit in model order, units by first parameter."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for p in bound.params:
-        parent.setdefault("p:" + p.name, "p:" + p.name)
-        for b in p.blocks:
-            for a in b.atoms:
-                if a.space is not None:
-                    parent.setdefault("s:" + a.space, "s:" + a.space)
-                    ra, rb = find("p:" + p.name), find("s:" + a.space)
-                    if ra != rb:
-                        parent[ra] = rb
-    units: dict[str, list[BoundParam]] = {}
-    for p in bound.params:
-        units.setdefault(find("p:" + p.name), []).append(p)
-    return list(units.values())
+    """Parameters joined by shared spaces, each unit in model order, units by first parameter."""
+    by_name = {p.name: p for p in bound.params}
+    links = [(p.name, [("space", a.space) for b in p.blocks for a in b.atoms if a.space is not None])
+             for p in bound.params]
+    return [[by_name[n] for n in comp if n in by_name] for comp in connected(links)]
 
 
 def _signature(params: list[BoundParam], bound: BoundSpec, rank: dict[str, int]) -> tuple:
@@ -146,10 +131,22 @@ def _signature(params: list[BoundParam], bound: BoundSpec, rank: dict[str, int])
     return (tuple(layout), owners, order), names, tuple(symbols)
 
 
-def _representative(bound: BoundSpec, member: tuple) -> BoundSpec:
-    """The first member as a spec of its own, its size symbols renamed _s<k> (k: first appearance)."""
+def _representative(bound: BoundSpec, member: tuple, taken: set[str]) -> tuple[BoundSpec, tuple[str, ...]]:
+    """The first member as a spec of its own, its sizes renamed to names without the layer (n_mlp,
+    d_c_fc_weight_dim1), none of them in `taken` (the names outside families, which the loops must
+    not shadow); and those names in the order of the member's size symbols."""
     params, spaces, symbols = member
-    local = {name: f"_s{k}" for k, name in enumerate(symbols)}
+    local: dict[str, str] = {}
+    for sp in (bound.spaces[s] for s in spaces):
+        local[sp.symbol] = family_space_symbol(sp.decl, taken)
+    for p, stem in zip(params, parameter_stems([p.name for p in params])):
+        starts = [sorted({b.slices[a][0] for b in p.blocks}) for a in range(len(p.shape))]
+        for b in p.blocks:
+            for a, axis in enumerate(b.axes):
+                for atom in axis:
+                    if atom.space is None and atom.symbol not in local:
+                        local[atom.symbol] = free_symbol(stem, a, starts[a].index(b.slices[a][0]), len(starts[a]),
+                                                         taken)
     rep_params = []
     for p in params:
         blocks = tuple(Block(param=b.param, index=b.index, slices=b.slices,
@@ -159,4 +156,5 @@ def _representative(bound: BoundSpec, member: tuple) -> BoundSpec:
         rep_params.append(dataclasses.replace(p, blocks=blocks))
     used = set(spaces)
     rep_spaces = {s: dataclasses.replace(sp, symbol=local[sp.symbol]) for s, sp in bound.spaces.items() if s in used}
-    return dataclasses.replace(bound, params=tuple(rep_params), spaces=rep_spaces, uncovered=())
+    rep = dataclasses.replace(bound, params=tuple(rep_params), spaces=rep_spaces, uncovered=())
+    return rep, tuple(local[x] for x in symbols)

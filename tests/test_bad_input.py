@@ -8,6 +8,7 @@ code injection through names, and pattern matching on adversarial names.
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
@@ -512,16 +513,19 @@ def test_hostile_names_are_carried_as_literals_only(tmp_path: Path, fresh_memory
     shapes['cap.q"];import os;#'] = (3, 2)
     compiled = symo.compile(symo.parse_spec(text), shapes, cache_dir=tmp_path / "cache")
     assert "SYMO_PWNED" not in os.environ
+    literals = []
     for tok in tokenize.generate_tokens(io.StringIO(compiled.source).readline):
+        if tok.type == tokenize.STRING and not tok.string.startswith("f"):  # the helpers' f-strings hold no names
+            literals.append(ast.literal_eval(tok.string))
         if tok.type == tokenize.COMMENT:  # no input text: no quote, no code, nothing non-ASCII
             body = tok.string[1:]
             assert body.isascii() and not any(c in body for c in "\"'#\\{"), tok
             assert not any(word in body for word in ("import", "environ", "PWNED", "caf", "not_a_capture")), tok
         if tok.type == tokenize.NAME:
             assert tok.string.isascii() and tok.string not in ("os", "environ", "__import__", "__setitem__"), tok
-    for name in shapes:
+    for name in shapes:  # a string literal, or inside the JSON text of a table (compiler.codegen_template)
         if name in compiled.param_names:
-            assert repr(name) in compiled.source
+            assert any(name == text or json.dumps(name) in text for text in literals), name
     g = {n: torch.randn(s, dtype=torch.float64) for n, s in shapes.items()}
     back = compiled.scatter(compiled.gather(g))
     assert all(torch.allclose(back[n], g[n]) for n in compiled.param_names)
@@ -552,9 +556,9 @@ def test_adversarial_patterns_finish() -> None:
     ("fc*", "fc", {}),
 ])
 def test_pattern_matches(pattern: str, name: str, captures: dict) -> None:
-    from symo.compiler.validate import _pattern_regex
+    from symo.compiler.patterns import NamePattern
 
-    m = _pattern_regex(pattern, "<test>").fullmatch(name)
+    m = NamePattern(pattern, "<test>").fullmatch(name)
     assert m is not None and m.groupdict() == captures
 
 
@@ -563,6 +567,6 @@ def test_pattern_matches(pattern: str, name: str, captures: dict) -> None:
     ("a{x}b{y}b", "a1bb"), ("*.bias", "bias"), ("fc1", "fc10"),
 ])
 def test_pattern_does_not_match(pattern: str, name: str) -> None:
-    from symo.compiler.validate import _pattern_regex
+    from symo.compiler.patterns import NamePattern
 
-    assert _pattern_regex(pattern, "<test>").fullmatch(name) is None
+    assert NamePattern(pattern, "<test>").fullmatch(name) is None

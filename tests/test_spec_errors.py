@@ -73,8 +73,8 @@ BAD = [
     Bad("parameter-matches-two-rules",
         GOOD_SPACES + '[params]\n"fc{i}.weight" = ["_", "_"]\n"fc1.weight" = ["h", "_"]\n',
         key="params.'fc{i}.weight'", param="fc1.weight", words=("several rules", "'fc1.weight'")),
-    Bad("repeated-space-tier2", '[spaces]\nh = { group = "signed_perm" }\n[params]\n"T" = ["h", "(h h)"]\n',
-        shapes={"T": (3, 9)}, key="params.'T'", param="T", words=("tier 2", "3 times", "'h'")),
+    Bad("repeated-space-thrice", '[spaces]\nh = { group = "signed_perm" }\n[params]\n"T" = ["h", "(h h)"]\n',
+        shapes={"T": (3, 9)}, key="params.'T'", param="T", words=("at most twice", "3 times", "'h'")),
     Bad("capture-not-in-pattern", '[spaces]\n"h{i}" = { group = "perm" }\n[params]\n"fc1.weight" = ["h{i}", "_"]\n',
         key="params.'fc1.weight'", param="fc1.weight", axis=0, words=("{i}", "not captured")),
     Bad("per-capture-not-in-space-name",
@@ -145,7 +145,7 @@ def test_parse_spec_reports_the_source_name() -> None:
 
 
 @pytest.mark.parametrize("bad", [b for b in BAD if b.id in {
-    "toml-syntax", "unknown-group", "shared-space-two-lengths", "per-owner-missing", "repeated-space-tier2",
+    "toml-syntax", "unknown-group", "shared-space-two-lengths", "per-owner-missing", "repeated-space-thrice",
     "pattern-matches-nothing", "segment-split-does-not-add-up"}], ids=lambda b: b.id)
 def test_failed_compile_caches_nothing(tmp_path: Path, bad: Bad, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"

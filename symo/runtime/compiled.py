@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import textwrap
@@ -66,15 +67,23 @@ class CompiledSpec:
                                         for s, sp in bound.spaces.items()}
         self.blocks: list[BlockInfo] = [
             BlockInfo(b["id"], b["name"], b["batch"], b["mult"], b["width"], b["dim"], b["dim_expr"],
-                      tuple(dict.fromkeys(r[0] for r in b["rows"])))
+                      tuple(dict.fromkeys(r["param"] for r in b["rows"])))
             for b in ns["BLOCKS"]]
         self.block_ids = [b.id for b in self.blocks]
-        self.couplings: list[tuple[list[str], list[str]]] = bound.couplings()
-        self._block_params = {p.name: [{"slices": b.slices, "atoms": [(a.space, a.size) for a in b.atoms]}
-                                       for b in p.blocks] for p in bound.params}
+        self._bound = bound
         self._gather = ns["gather"]
         self._scatter = ns["scatter"]
         self._trivial = [b.id for b in self.blocks if b.name == "trivial"]
+
+    @functools.cached_property
+    def couplings(self) -> list[tuple[list[str], list[str]]]:
+        """Which parameters the group couples, as (spaces, parameters) pairs (BoundSpec.couplings)."""
+        return self._bound.couplings()
+
+    @functools.cached_property
+    def _block_params(self) -> dict[str, list[dict]]:
+        return {p.name: [{"slices": b.slices, "atoms": [(a.space, a.size) for a in b.atoms]} for b in p.blocks]
+                for p in self._bound.params}
 
     # ------------------------------------------------------------ coordinates
     def gather(self, tensors: Tensors) -> dict[str, torch.Tensor]:

@@ -19,10 +19,10 @@ import oracles as O
 import pytest
 import sympy
 import torch
-from symo.compiler import bind, derive_structure, generate, parse_spec, tier2
-from symo.compiler.codegen_tier2 import generate_tier2
+from symo.compiler import bind, derive_structure, generate, parse_spec, repeated
+from symo.compiler.codegen_repeated import generate_repeated
 from symo.compiler.diagrams import N, diagrams, gram_matrix
-from symo.compiler.tier2 import check_pieces, derive_tier2, gram_inverse, is_tier2
+from symo.compiler.repeated import check_pieces, derive_repeated, gram_inverse, has_repeated_spaces
 
 import symo
 from symo.train.rnn import RNN, TiedRNN
@@ -170,7 +170,7 @@ def test_symbolic_simple_blocks(group):
     textbook ones, and the central idempotents evaluated at n = 4, 5 are the projectors that the
     generated gather/scatter realise."""
     dims = check_pieces(group)
-    copies = tier2.copy_projectors(group)
+    copies = repeated.copy_projectors(group)
     assert set(dims) == set(EXPECTED_DIMS[group])
     for irrep, d in dims.items():
         assert sympy.simplify(d - EXPECTED_DIMS[group][irrep]) == 0
@@ -186,14 +186,14 @@ def test_symbolic_simple_blocks(group):
                 return comp.scatter({k: (y if k == block else torch.zeros_like(y)) for k, y in ys.items()})["W"]
 
             dense = torch.func.vmap(project)(eye).reshape(n * n, n * n).T
-            central = tier2.piece_projectors(group)[irrep]
-            symbolic = sum(float(tier2.K.to_sympy(c).subs(N, n)) * _delta(pi, n).reshape(n * n, n * n)
+            central = repeated.piece_projectors(group)[irrep]
+            symbolic = sum(float(repeated.K.to_sympy(c).subs(N, n)) * _delta(pi, n).reshape(n * n, n * n)
                            for pi, c in central.items())
             assert_near(dense, symbolic, 1e-12)
     # the check can fail: sym * alt is not sym
-    proj = tier2.piece_projectors(group)
+    proj = repeated.piece_projectors(group)
     with pytest.raises(RuntimeError):
-        tier2._require_equal(tier2._multiply(proj["sym"], proj["alt"]), proj["sym"], "sym * alt")
+        repeated._require_equal(repeated._multiply(proj["sym"], proj["alt"]), proj["sym"], "sym * alt")
 
 
 @pytest.mark.parametrize("group", ["orthogonal", "signed_perm", "perm"])
@@ -233,11 +233,11 @@ def test_tier1_and_tier2_agree_where_both_apply():
     shapes = {"W1": (3, 2), "W2": (4, 3), "Q": (6, 4), "c": (2,)}
     spec = parse_spec(text, source="<test>")
     bound = bind(spec, shapes)
-    assert not is_tier2(bound)
+    assert not has_repeated_spaces(bound)
     tier1 = symo.compile(spec, shapes, disk_cache=False)
     assert tier1.source == generate(derive_structure(bound), tier1.key).source
     from symo.compiler import GeneratedModule, _execute
-    source = generate_tier2(derive_tier2(bound), "t2").source
+    source = generate_repeated(derive_repeated(bound), "t2").source
     module = GeneratedModule("t2", source, None, _execute(source, Path("<t2>"), bound.sizes), bound, "built")
     tier2 = symo.CompiledSpec(module)
     grads = {k: torch.randn(*s, dtype=D, generator=torch.Generator().manual_seed(4)) for k, s in shapes.items()}

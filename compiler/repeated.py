@@ -1,10 +1,11 @@
-"""Tier 2 of the structure stage: spaces that occur twice in one parameter block (docs/theory.md).
+"""Stage 3 for spaces that repeat within one tensor: a space that occurs twice in one parameter block
+(docs/repeated_spaces.md).
 
 A parameter such as an RNN's W_hh (h x h), acted on as Q W Q^T, carries R^n (x) R^n, whose
 irreducible pieces are not those of R^n. The commutant of the group on it is spanned by diagrams
 (`compiler.diagrams`); its simple blocks are the isotypic pieces below. Each piece comes with an
 equivariant coordinate map whose frame is shared with every other copy of the same irrep, in this
-parameter, in other parameters, and in the tier-1 pieces of R^n, so that tier 1's formula
+parameter, in other parameters, and in the pieces of R^n of compiler.structure, so that its formula
 
     S_g on lambda = (Y_lambda Y_lambda^T / d_lambda) (x) I
 
@@ -20,7 +21,7 @@ holds unchanged: Y stacks every copy of lambda, in its common frame. The pieces,
   perm        with P = I - J/n and Xc = P X P:
               triv  1^T X 1 / n,   tr(Xc)/sqrt(n-1)      d = 1, two copies
               std   P X 1/sqrt(n),  P X^T 1/sqrt(n),  sqrt(n/(n-2)) P diag(Xc)
-                                                         d = n - 1, three copies, frame as tier 1's std
+                                                         d = n - 1, three copies, frame as a single std's
               alt   (Xc - Xc^T)/2                        d = (n-1)(n-2)/2   (frame n^2)
               sym   the rest of (Xc + Xc^T)/2            d = n(n-3)/2       (frame n^2; absent for n = 3)
 
@@ -36,19 +37,17 @@ its transpose. Cost per parameter: a few passes over the tensor (sums, diagonals
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 
 import sympy
 from sympy.polys.matrices import DomainMatrix
 
-from .bound import BoundSpace, BoundSpec
+from .bound import BoundSpec
 from .diagrams import N, Partition, diagrams, gram_matrix
-from .errors import SpecError
-from .structure import NAT, STD, TRIV, IsotypicBlock, Structure, running_offsets, symbol
+from .structure import NAT, STD, TRIV, IsotypicBlock, Structure, running_offsets, single_pieces, symbol
 
-TIER2_VERSION = "2"
+REPEATED_VERSION = "2"
 
 # label piece ("irrep") per pair-piece, with its frame width as a power of n (1: vector, 2: matrix)
 ALT, SYM, DIAG = "alt", "sym", "diag"
@@ -85,7 +84,7 @@ def pair_pieces(group: str, n: sympy.Expr, size: int) -> tuple[PairPiece, ...]:
 
 
 def irrep_dim(group: str, irrep: str, n: sympy.Expr) -> sympy.Expr:
-    """d_lambda of one space's piece (tier-1 pieces and pair pieces alike)."""
+    """d_lambda of one space's piece (single-occurrence pieces and pair pieces alike)."""
     table = {
         ("perm", STD): n - 1, ("perm", ALT): (n - 1) * (n - 2) / 2, ("perm", SYM): n * (n - 3) / 2,
         ("signed_perm", NAT): n, ("signed_perm", DIAG): n - 1, ("signed_perm", SYM): n * (n - 1) / 2,
@@ -254,7 +253,7 @@ def _require_equal(x: dict, y: dict, what: str) -> None:
     simplify would also import sympy.physics and cost most of a cold compile)."""
     for k in set(x) | set(y):
         if x.get(k, K.zero) != y.get(k, K.zero):
-            raise RuntimeError(f"tier-2 piece projectors are inconsistent ({what}, diagram {k})")
+            raise RuntimeError(f"repeated-space piece projectors are inconsistent ({what}, diagram {k})")
 
 
 @cache
@@ -267,62 +266,22 @@ def gram_inverse(group: str, k: int = 4) -> sympy.Matrix:
     return exact.applyfunc(sympy.factor)
 
 
-# ---------------------------------------------------------------------------------- bind-time checks
+# ---------------------------------------------------------------------------------- which layouts
 
-def check_repeated(source: str, key: str, param: str, space: BoundSpace, count: int,
-                   spaces: Mapping[str, BoundSpace], block_spaces: list[str]) -> None:
-    """Raise SpecError for repeated spaces tier 2 does not compile; return for the ones it does."""
-    where = dict(file=source, key=key, param=param)
-    if count > 2:
-        raise SpecError(f"space {space.name!r} occurs {count} times in one block of the parameter; "
-                        "tier 2 compiles at most two occurrences of a space per parameter",
-                        **where, hint="give the third occurrence its own space (a relaxed group)")
-    if space.group == "identity":
-        owned = [s for s in block_spaces if spaces[s].per == space.name]
-        if owned:
-            raise SpecError(f"space {space.name!r} occurs twice in one block and owns the per-space "
-                            f"{owned[0]!r}: which of its indices picks the group element is ambiguous",
-                            **where, hint="use a different owner space for one of the two axes")
-        return
-    if space.per is not None:
-        raise SpecError(f"space {space.name!r} is declared per {space.per!r} and occurs twice in one "
-                        "block; repeated per-spaces are not compiled", **where,
-                        hint="declare the repeated space without per, or use two spaces")
-    least = 3 if space.group == "perm" else 2
-    if space.size < least:
-        raise SpecError(f"space {space.name!r} ({space.group}) occurs twice in one block but has size "
-                        f"{space.size}; a repeated {space.group} space needs size >= {least}", **where,
-                        hint="use a larger width, or the identity group for so small a space")
-
-
-def repeated_spaces(bound: BoundSpec) -> dict[str, int]:
-    """space -> largest number of occurrences in one block, for spaces a group moves that repeat."""
-    out: dict[str, int] = {}
-    for p in bound.params:
-        for b in p.blocks:
-            counts: dict[str, int] = {}
-            for a in b.atoms:
-                if a.space is not None:
-                    counts[a.space] = counts.get(a.space, 0) + 1
-            for s, c in counts.items():
-                if c > 1 and bound.spaces[s].group != "identity":
-                    out[s] = max(out.get(s, 0), c)
-    return out
-
-
-def is_tier2(bound: BoundSpec) -> bool:
-    return bool(repeated_spaces(bound))
+def has_repeated_spaces(bound: BoundSpec) -> bool:
+    """Whether some space a group moves occurs twice in one block (the layouts this module compiles)."""
+    return bool(bound.repeated_spaces)
 
 
 def key_material(bound: BoundSpec) -> str:
-    """Extra cache-key text for tier-2 layouts ('' for tier 1, whose keys stay as they were): the
-    version, and the sizes that change which pieces exist (a repeated perm space of size 3)."""
-    rep = repeated_spaces(bound)
+    """Extra cache-key text for layouts with repeated spaces ('' for the others): the version, and the
+    sizes that change which pieces exist (a repeated perm space of size 3)."""
+    rep = bound.repeated_spaces
     if not rep:
         return ""
     flags = ";".join(f"{s}:{bound.spaces[s].group}:{'N3' if bound.spaces[s].size == 3 else ''}"
                      for s in sorted(rep))
-    return f"|tier2 v{TIER2_VERSION}|{flags}"
+    return f"|repeated v{REPEATED_VERSION}|{flags}"
 
 
 # ---------------------------------------------------------------------------------- the structure
@@ -339,7 +298,7 @@ class Slot:
 
 
 @dataclass(frozen=True)
-class Component2:
+class RepeatedComponent:
     """One component of one block. The block's atoms are permuted by `canon` into
     (batch atoms, multiplicity atoms, slot atoms in slot order); slot maps act in that order."""
 
@@ -354,12 +313,7 @@ class Component2:
     rows: sympy.Expr
 
 
-def _single_pieces(group: str, size: int) -> tuple[str | None, ...]:
-    pieces = {"perm": (STD, TRIV), "signed_perm": (NAT,), "orthogonal": (NAT,), "identity": (None,)}[group]
-    return (TRIV,) if group == "perm" and size == 1 else pieces
-
-
-def derive_tier2(bound: BoundSpec) -> Structure:
+def derive_repeated(bound: BoundSpec) -> Structure:
     """Components of every block, grouped by label, with every size a sympy expression."""
     spaces = bound.spaces
     rank = {s: i for i, s in enumerate(spaces)}
@@ -377,7 +331,7 @@ def derive_tier2(bound: BoundSpec) -> Structure:
             for s in order:
                 sp = spaces[s]
                 if len(moved[s]) == 1:
-                    options.append([Slot(s, tuple(moved[s]), p, p) for p in _single_pieces(sp.group, sp.size)])
+                    options.append([Slot(s, tuple(moved[s]), p, p) for p in single_pieces(sp.group, sp.size)])
                 else:
                     options.append([Slot(s, tuple(moved[s]), p, p.irrep)
                                     for p in pair_pieces(sp.group, nsym[s], sp.size)])
@@ -401,7 +355,7 @@ def derive_tier2(bound: BoundSpec) -> Structure:
         offsets, mult, defs = running_offsets(block_id, [part[-1] for part in parts])
         comps = []
         for (pname, block, slots, slot_atoms, batch_pos, mult_pos, size, rows), offset in zip(parts, offsets):
-            comps.append(Component2(
+            comps.append(RepeatedComponent(
                 param=pname, block=block.index, slots=tuple(slots), canon=tuple(batch_pos + mult_pos + slot_atoms),
                 batch_shape=tuple(size[k] for k in batch_pos), mult_shape=tuple(size[k] for k in mult_pos),
                 slot_sizes=tuple(nsym[sl.space] for sl in slots), row_offset=offset, rows=rows))
