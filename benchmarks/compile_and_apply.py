@@ -8,7 +8,7 @@
    memory. Targets: cold < 2 s, warm < 50 ms.
 2. orbit_average + power(-1/2) + matvec on one n x n Muon-style matrix (rows signed_perm, columns
    free), as a ratio to G (G^T G)^{-1/2} computed directly with torch in the same run (target <= 1.5x).
-3. The tanh RNN spec (tier 2, specs/rnn_tanh.toml) at hidden width 512: cold compile in a fresh
+3. The tanh RNN spec (a repeated space, specs/rnn_tanh.toml) at hidden width 512: cold compile in a fresh
    interpreter, and orbit_average + power(-1/2) + matvec as a ratio to one forward-backward pass of
    the RNN on 32 sequences of length 50 (target <= 0.5).
 4. Depth sweep: a `{i}` stack (`layers.{i}.fc1.weight = ["h{i}", "_"]`, its bias,
@@ -90,7 +90,7 @@ print(time.perf_counter() - t)
 
 
 def rnn_entry(reps: int, hidden: int = 512, batch: int = 32, length: int = 50) -> tuple[dict, list[str]]:
-    """Tier-2 RNN spec: cold compile (fresh interpreter) and the curvature path against fwd-bwd."""
+    """The RNN spec (a repeated space): cold compile (fresh interpreter) and the curvature path against fwd-bwd."""
     from symo.train.rnn import RNN
 
     spec = ROOT / "specs" / "rnn_tanh.toml"
@@ -128,7 +128,7 @@ def rnn_entry(reps: int, hidden: int = 512, batch: int = 32, length: int = 50) -
               "blocks": [b.name for b in compiled.blocks], "cold_compile_s": cold,
               "fwd_bwd_s": t_fb, "orbit_power_matvec_s": t_symo, "ratio_to_fwd_bwd": t_symo / t_fb,
               "target_ratio": 0.5, "torch_threads": torch.get_num_threads()}
-    lines = ["", f"Tanh RNN (tier 2, specs/rnn_tanh.toml), hidden {hidden}, {result['params']:,} parameters, "
+    lines = ["", f"Tanh RNN (a repeated space, specs/rnn_tanh.toml), hidden {hidden}, {result['params']:,} parameters, "
              f"blocks {', '.join(result['blocks'])}:", "",
              "| measurement | seconds | target |", "|---|---|---|",
              f"| cold compile, fresh interpreter (compile only) | {cold:.4f} | |",

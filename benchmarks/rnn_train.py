@@ -9,7 +9,7 @@ gives MSE 1/6; the target loss is 0.05.
 
 Optimizers (each at its own learning rate, tuned on seed 0 at the reported length over a grid that is
 extended while the best rate sits at its edge):
-- symo_rnn:  Symo on specs/rnn_tanh.toml (signed_perm hidden units, W_hh as Q W Q^T: tier 2), natural scale;
+- symo_rnn:  Symo on specs/rnn_tanh.toml (signed_perm hidden units, W_hh as Q W Q^T: a repeated space), natural scale;
 - symo_rnn_ema: the same with an EMA of the curvature factors (beta2 = 0.95) instead of one step's;
 - symo_rnn_paper: the same spec with preset="paper" (EMA 0.95 of the raw gradient's statistics, no
   momentum, no damping, float64 powers);

@@ -7,7 +7,8 @@ S for an RNN's W_hh, k = 4), the commutant of its group is spanned by diagram te
     orthogonal (O(n))  perfect matchings (Brauer diagrams)
 with Gram matrix <delta_pi, delta_sigma> = n^(blocks of the join of pi and sigma). The Gram matrix is
 rational in n, so projection coefficients onto the commutant are exact sympy expressions. This module
-is the symbolic groundwork of tier 2; the compiler uses it to say what a repeated space would cost.
+is the symbolic groundwork of compiler.repeated (spaces that repeat within one tensor); the compiler also
+uses it to say what a repeated space would cost.
 """
 
 from __future__ import annotations

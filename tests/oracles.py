@@ -64,13 +64,13 @@ def group_elements(kind: str, n: int) -> list[torch.Tensor]:
     - "perm": the n! permutation matrices (S_n).
     - "signed_perm": the 2^n n! signed permutation matrices (B_n; |B_3| = 48, |B_4| = 384).
     - "orthogonal": the signed permutation matrices again. This finite stand-in for Haar O(n) is
-      EXACT for everything the tier-1 tests average. For Q uniform on B_n,
+      EXACT for everything the tests of single-occurrence layouts average. For Q uniform on B_n,
       E[Q_ia] = 0 and E[Q_ia Q_jb] = delta_ij delta_ab / n, which are exactly the Haar first and
-      second moments. In the tier-1 setting every space occurs at most once in each
+      second moments. In those layouts every space occurs at most once in each
       parameter, so every entry of A_g v and of A_g v v^T A_g^T is a polynomial of degree at most
       one (resp. two: one factor from each side) in the entries of each Q; their averages
       therefore only involve these moments and coincide with the Haar averages.
-      It is NOT exact for tier-2 layouts (a space repeated within one parameter, docs/tier2.md):
+      It is NOT exact for layouts with a space repeated within one parameter (docs/repeated_spaces.md):
       fourth moments of B_n and O(n) differ (commutant of R^n (x) R^n: 4 versus 3).
     """
     if n < 1:
@@ -311,7 +311,7 @@ def action_matrices(
 
     The product is over all declared spaces (for per-spaces, over owner indices too); spaces no
     parameter uses just repeat matrices, which does not change averages. "orthogonal" spaces are
-    enumerated as B_n, exact for tier-1 first and second moments (see ``group_elements``).
+    enumerated as B_n, exact for first and second moments of single-occurrence layouts (see ``group_elements``).
     """
     _check_layout(spaces, params)
     if group_order(spaces) > max_elements:
@@ -430,7 +430,7 @@ def dense_gradient(
 
 
 # --------------------------------------------------------------------------------------------
-# Haar O(n) exactly, for layouts where one space occurs twice (tier 2, docs/tier2.md)
+# Haar O(n) exactly, for layouts where one space occurs twice (docs/repeated_spaces.md)
 # --------------------------------------------------------------------------------------------
 
 

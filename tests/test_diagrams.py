@@ -1,4 +1,4 @@
-"""Diagram bases (tier 2, docs/tier2.md) against explicit tensors and exhaustive group averages."""
+"""Diagram bases (repeated spaces, docs/repeated_spaces.md) against explicit tensors and exhaustive group averages."""
 
 import itertools
 

@@ -393,7 +393,7 @@ def test_two_space_commutant_dimension() -> None:
 
 
 @pytest.mark.parametrize("kind,n,dim", [("perm", 4, 15), ("signed_perm", 3, 4), ("signed_perm", 4, 4)])
-def test_tier2_commutant_dimension(kind: str, n: int, dim: int) -> None:
+def test_repeated_space_commutant_dimension(kind: str, n: int, dim: int) -> None:
     """R^n (x) R^n (W_hh, one space on both axes): Bell(4) = 15 for S_n, 4 for B_n.
 
     The commutant dimension is E_g[tr(A_g)^2] (character inner product).
@@ -403,7 +403,7 @@ def test_tier2_commutant_dimension(kind: str, n: int, dim: int) -> None:
     assert round(float(sum(torch.trace(a) ** 2 for a in acts) / len(acts))) == dim
 
 
-def test_orthogonal_stand_in_is_not_exact_in_tier2() -> None:
+def test_orthogonal_stand_in_is_not_exact_for_repeated_spaces() -> None:
     """Documented limitation: B_n gives 4 here, Haar O(n) gives 3 (Brauer diagrams)."""
     spaces = {"h": ("orthogonal", 3, None)}
     acts = O.action_matrices(spaces, [("W", (3, 3), ["h", "h"])])

@@ -1,4 +1,4 @@
-"""Tier 2 (docs/tier2.md): a space that occurs twice in one parameter (an RNN's W_hh, acted on as
+"""Repeated spaces (docs/repeated_spaces.md): a space that occurs twice in one parameter (an RNN's W_hh, acted on as
 Q W Q^T), against independent oracles:
 
 - S_n and B_n: exhaustive enumeration of every group element for n = 3 and 4 (tests/oracles.py);
@@ -114,7 +114,7 @@ def test_orbit_average_power_and_matvec_match_the_oracle(maker, group, n):
 
 @pytest.mark.parametrize("group", ["perm", "signed_perm"])
 def test_two_spaces_with_a_repeated_one(group):
-    """T (h, h, k) and V (k, h): a repeated space next to a tier-1 space, exhaustive over h x k."""
+    """T (h, h, k) and V (k, h): a repeated space next to a single one, exhaustive over h x k."""
     n = 3
     text = (f'[spaces]\nh = {{ group = "{group}" }}\nk = {{ group = "perm" }}\n[params]\n'
             '"T" = ["h", "(h k)"]\n"V" = ["k", "h"]\n"c" = ["_"]\n')
@@ -224,9 +224,9 @@ def _delta(partition, n: int) -> torch.Tensor:
     return t
 
 
-def test_tier1_and_tier2_agree_where_both_apply():
-    """A spec without repeated spaces: tier 2's general path gives tier 1's S (and tier 1 is what
-    compile_spec emits for it, unchanged)."""
+def test_both_derivations_agree_where_both_apply():
+    """A spec without repeated spaces: compiler.repeated's general path gives compiler.structure's S
+    (and the latter is what compile_spec emits for it)."""
     text = ('[spaces]\na = { group = "perm" }\nb = { group = "signed_perm" }\nd = { group = "orthogonal", '
             'per = "head" }\nhead = { group = "identity", size = 2 }\n[params]\n"W1" = ["a", "_"]\n'
             '"W2" = ["b", "a"]\n"Q" = ["(head d)", "b"]\n"c" = ["_"]\n')
@@ -234,15 +234,15 @@ def test_tier1_and_tier2_agree_where_both_apply():
     spec = parse_spec(text, source="<test>")
     bound = bind(spec, shapes)
     assert not has_repeated_spaces(bound)
-    tier1 = symo.compile(spec, shapes, disk_cache=False)
-    assert tier1.source == generate(derive_structure(bound), tier1.key).source
+    single = symo.compile(spec, shapes, disk_cache=False)
+    assert single.source == generate(derive_structure(bound), single.key).source
     from symo.compiler import GeneratedModule, _execute
-    source = generate_repeated(derive_repeated(bound), "t2").source
-    module = GeneratedModule("t2", source, None, _execute(source, Path("<t2>"), bound.sizes), bound, "built")
-    tier2 = symo.CompiledSpec(module)
+    source = generate_repeated(derive_repeated(bound), "rep").source
+    module = GeneratedModule("rep", source, None, _execute(source, Path("<rep>"), bound.sizes), bound, "built")
+    paired = symo.CompiledSpec(module)
     grads = {k: torch.randn(*s, dtype=D, generator=torch.Generator().manual_seed(4)) for k, s in shapes.items()}
-    assert_near(tier2.orbit_average(grads).dense(), tier1.orbit_average(grads).dense())
-    assert_near(tier2.orbit_average(grads).power(-0.5).dense(), tier1.orbit_average(grads).power(-0.5).dense())
+    assert_near(paired.orbit_average(grads).dense(), single.orbit_average(grads).dense())
+    assert_near(paired.orbit_average(grads).power(-0.5).dense(), single.orbit_average(grads).power(-0.5).dense())
 
 
 def test_bundled_rnn_specs_are_true_symmetries_and_compile():

@@ -199,8 +199,8 @@ def _repeated_spaces(layout: Layout) -> None:
                 seen = {x for x in ids if ids.count(x) > 1}
                 for sid in seen:
                     if sid in layout.spaces:
-                        layout.drop(sid, f"occurs twice in one block of {name} (a repeated space, tier 2; "
-                                    "not compiled yet)")
+                        layout.drop(sid, f"occurs twice in one block of {name} (a repeated space: inference "
+                                    "does not propose those; write it by hand, docs/repeated_spaces.md)")
                         changed = True
                 if changed:
                     break
