@@ -138,18 +138,23 @@ def sample(model: GPT, corpus: Corpus, n_chars: int, seed: int, device: str, tem
 
 
 def train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None = None, *,
-          observer: TrainObserver | None = None) -> dict[str, Any]:
-    """Train; see `_train` (this wrapper restores torch's thread count when `cfg.threads` changed it)."""
+          observer: TrainObserver | None = None,
+          optimizer_factory: Callable[[GPT], torch.optim.Optimizer] | None = None) -> dict[str, Any]:
+    """Train; see `_train` (this wrapper restores torch's thread count when `cfg.threads` changed it).
+
+    `optimizer_factory(model)` replaces `build_optimizer` (a benchmark's baseline from another library);
+    `cfg.optimizer` then only names the run."""
     previous = torch.get_num_threads()
     try:
-        return _train(cfg, callback, observer or TrainObserver())
+        return _train(cfg, callback, observer or TrainObserver(), optimizer_factory)
     finally:
         if cfg.threads:
             torch.set_num_threads(previous)
 
 
 def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None,
-           observer: TrainObserver) -> dict[str, Any]:
+           observer: TrainObserver,
+           optimizer_factory: Callable[[GPT], torch.optim.Optimizer] | None = None) -> dict[str, Any]:
     """Train; returns {"run_dir", "history", "final_val", "ms_per_step", "sample", ...}.
 
     `callback(step, row)` runs after every step on every process (tests raise KeyboardInterrupt from it to
@@ -185,7 +190,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
                           n_head=cfg.n_head, n_embd=cfg.n_embd, bias=cfg.bias)).to(device)
     if sharded(cfg.fsdp, world):
         shard(model)
-    opt = build_optimizer(model, cfg, world)
+    opt = build_optimizer(model, cfg, world) if optimizer_factory is None else optimizer_factory(model)
     history: dict[str, list[float]] = {"step": [], "lr": [], "train_loss": [], "val_loss": [], "elapsed_s": []}
     start = 0
     if blob is not None:
