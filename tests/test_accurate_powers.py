@@ -9,21 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import polar, rel
 
 import symo
 from symo.runtime.linalg import gram_power_apply, root_power
 
 MUON = '[spaces]\nr = { group = "signed_perm" }\n[params]\n"w" = ["r", "_"]\n'
-
-
-def polar(g: torch.Tensor, rank: int | None = None) -> torch.Tensor:
-    u, s, vh = torch.linalg.svd(g.double(), full_matrices=False)
-    r = rank or len(s)
-    return u[:, :r] @ vh[:r]
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b).norm() / b.norm()).item()
 
 
 def test_square_gaussian_within_twice_the_direct_formula() -> None:

@@ -13,6 +13,7 @@ import re
 
 import oracles as O
 import torch
+from cases import stack_shapes
 from symo.compiler import compile_spec
 
 import symo
@@ -26,13 +27,6 @@ FAMILY = """
 "layers.{i}.fc1.bias" = ["h{i}"]
 "layers.{i}.fc2.weight" = ["_", "h{i}"]
 """
-
-
-def stack_shapes(layers: int, n: int = 3) -> dict:
-    shapes = {}
-    for i in range(layers):
-        shapes |= {f"layers.{i}.fc1.weight": (n, 2), f"layers.{i}.fc1.bias": (n,), f"layers.{i}.fc2.weight": (2, n)}
-    return shapes
 
 
 def explicit_spec(layers: int, group: str) -> str:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cases import tiny
 
 import symo.cli
 
@@ -77,7 +78,6 @@ def test_readme_says_how_to_call_the_cli_and_lists_each_folder_once() -> None:
 
 
 def _train_args(tmp_path: Path) -> list[str]:
-    from test_train_run import tiny
 
     cfg = tiny(tmp_path)
     return ["train", "--data", cfg.data, "--cache-dir", cfg.cache_dir, "--out-dir", cfg.out_dir, "--n-layer", "1",
@@ -198,7 +198,6 @@ def test_cli_partial(capsys: pytest.CaptureFixture) -> None:
 def test_train_partial_drops_rules_and_trains_as_the_full_spec(tmp_path: Path, capsys: pytest.CaptureFixture
                                                                 ) -> None:
     import torch
-    from test_train_run import tiny
 
     from symo.train import train
 

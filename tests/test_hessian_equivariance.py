@@ -13,16 +13,13 @@ from pathlib import Path
 import oracles as O  # noqa: E402
 import pytest
 import torch
+from helpers import rel
 from torch.func import functional_call
 
 import symo
 from symo.train.models import MLP
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
 
 
 def dense_action(compiled: symo.CompiledSpec, element, names, shapes) -> torch.Tensor:

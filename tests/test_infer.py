@@ -13,10 +13,11 @@ import math
 
 import pytest
 import torch
+from cases import HF_GPT2_SPEC
+from helpers import assert_all_true, assert_covers, assignment, independent_check
 from symo.compiler import bind, load_spec, parse_spec
 from symo.compiler.parse import bundled_specs
 from torch import nn
-from torch.func import functional_call
 from torch.nn import functional as F
 
 import symo
@@ -31,60 +32,6 @@ pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny float64 work: 
 def tiny_gpt() -> GPT:
     torch.manual_seed(0)
     return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11))
-
-
-def assignment(spec, model, sizes=None) -> dict[tuple, str]:
-    """(param, block, atom) -> space name, for every atom a non-identity group acts on."""
-    bound = bind(spec, symo.compiler.shapes_of(model), sizes)
-    out = {}
-    for p in bound.params:
-        for b in p.blocks:
-            for k, a in enumerate(b.atoms):
-                if a.space is not None:
-                    out[(p.name, b.slices, k)] = a.space
-    return out, bound
-
-
-def assert_covers(hand, inferred, model, hand_sizes=None, same_group=None):
-    """Every atom the hand spec moves, the inferred spec moves too, with one inferred space per hand space
-    (a renaming), and for the hand spaces in `same_group` the inferred group is the hand one."""
-    h, hb = assignment(hand, model, hand_sizes)
-    i, ib = assignment(inferred, model)
-    rename = {}
-    for key, space in h.items():
-        assert key in i, f"inferred spec leaves {key} free; the hand spec moves it with {space}"
-        rename.setdefault(space, set()).add(i[key])
-    for space, targets in rename.items():
-        assert len(targets) == 1, f"hand space {space} is split into {targets}"
-    assert len({next(iter(t)) for t in rename.values()}) == len(rename), "two hand spaces merged into one"
-    for space in same_group or ():
-        (target,) = rename[space]
-        assert ib.spaces[target].group == hb.spaces[space].group, (space, target)
-        assert (ib.spaces[target].per is None) == (hb.spaces[space].per is None)
-    return rename, ib
-
-
-def assert_all_true(result):
-    assert result.spaces, "nothing inferred"
-    for s in result.spaces:
-        assert s.status in ("true", "identity"), s
-    assert result.joint_rel_change is not None and result.joint_rel_change <= result.tolerance
-    assert result.tolerance <= 1e-9 or any("lower precision" in n for n in result.notes)
-
-
-def independent_check(model, spec, inputs):
-    """symo.check_symmetry on the summed squared outputs in float64, through CompiledSpec.act (dense matrices)."""
-    compiled = symo.compile(spec, model, disk_cache=False)
-    params = {n: p.detach().double() for n, p in model.named_parameters()}
-    buffers = {n: b.detach().clone().double() if b.is_floating_point() else b for n, b in model.named_buffers()}
-
-    def loss(w):
-        out = functional_call(model, {**w, **buffers}, inputs)
-        out = out[0] if isinstance(out, tuple) else out
-        out = out.logits if hasattr(out, "logits") else out
-        return (out.double() ** 2).sum()
-
-    return symo.check_symmetry(loss, compiled, params, trials=2)
 
 
 # ---------------------------------------------------------------- serialisation
@@ -147,31 +94,6 @@ def test_muon_relaxation_is_the_bundled_muon_spec():
     assert_covers(load_spec("gpt_muon"), result.spec, model, same_group=["attn0", "aproj0", "fc0", "mproj0"])
     assert sorted(symo.compile(result.spec, model, disk_cache=False).param_names) == \
         sorted(symo.compile("gpt_muon", model, disk_cache=False).param_names)
-
-
-HF_GPT2_SPEC = """
-[spaces]
-res = "perm"
-"head{i}" = { group = "identity" }
-"dqk{i}" = { group = "orthogonal", per = "head{i}", size = 8 }
-"dvo{i}" = { group = "orthogonal", per = "head{i}", size = 8 }
-"mlp{i}" = "perm"
-[params]
-"transformer.wte.weight" = ["_", "res"]
-"transformer.wpe.weight" = ["_", "res"]
-"transformer.h.{i}.ln_{j}.weight" = ["res"]
-"transformer.h.{i}.ln_{j}.bias" = ["res"]
-"transformer.h.{i}.attn.c_attn.weight" = ["res", ["(head{i} dqk{i})", "(head{i} dqk{i})", "(head{i} dvo{i})"]]
-"transformer.h.{i}.attn.c_attn.bias" = [["(head{i} dqk{i})", "(head{i} dqk{i})", "(head{i} dvo{i})"]]
-"transformer.h.{i}.attn.c_proj.weight" = ["(head{i} dvo{i})", "res"]
-"transformer.h.{i}.attn.c_proj.bias" = ["res"]
-"transformer.h.{i}.mlp.c_fc.weight" = ["res", "mlp{i}"]
-"transformer.h.{i}.mlp.c_fc.bias" = ["mlp{i}"]
-"transformer.h.{i}.mlp.c_proj.weight" = ["mlp{i}", "res"]
-"transformer.h.{i}.mlp.c_proj.bias" = ["res"]
-"transformer.ln_f.weight" = ["res"]
-"transformer.ln_f.bias" = ["res"]
-"""
 
 
 def test_hugging_face_gpt2_conv1d_layout():

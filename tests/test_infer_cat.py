@@ -1,14 +1,15 @@
 """symo.infer on models that concatenate, stack, split and chunk hidden tensors: torch.cat along a hidden
 axis (branches joined), along the sequence axis (a key/value cache, Hugging Face's included), and the
 pieces of a split or chunk. Oracles: specs written here by hand from the architectures, and
-`symo.check_symmetry` through dense group matrices (tests/test_infer.py's independent_check)."""
+`symo.check_symmetry` through dense group matrices (tests/helpers.py's independent_check)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from cases import HF_GPT2_SPEC
+from helpers import assert_all_true, assert_covers, independent_check
 from symo.compiler import parse_spec
-from test_infer import HF_GPT2_SPEC, assert_all_true, assert_covers, independent_check
 from torch import nn
 
 from symo.infer import infer

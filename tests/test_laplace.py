@@ -14,32 +14,17 @@ import math
 import oracles as O
 import pytest
 import torch
+from cases import make_problem
+from helpers import max_rel
 from torch.func import functional_call, jacrev
 
 import symo
 from symo.laplace import SymoLaplace
-from symo.train.models import MLP
 
 D = torch.float64
 
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny float64 work: one torch thread
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
-def make_problem(sizes, act: str, likelihood: str, n: int = 24, seed: int = 0):
-    torch.manual_seed(seed)
-    model = MLP(sizes, act=act).double()
-    x = torch.randn(n, sizes[0], dtype=D)
-    if likelihood == "classification":
-        y = torch.randint(0, sizes[-1], (n,))
-    else:
-        y = torch.randn(n, sizes[-1], dtype=D)
-    loader = [(x[i:i + 10], y[i:i + 10]) for i in range(0, n, 10)]
-    return model, x, y, loader
 
 
 def flat_outputs(model: torch.nn.Module, names: list[str]):
@@ -124,19 +109,19 @@ def fitted(request):
 
 def test_oracle_projection_is_nontrivial_and_commutes(fitted):
     h, h_proj = fitted["h"], fitted["h_proj"]
-    assert relative_error(h_proj, h) > 1e-2  # the group really averages something away
+    assert max_rel(h_proj, h) > 1e-2  # the group really averages something away
     for a in fitted["actions"][:: max(1, len(fitted["actions"]) // 20)]:
-        assert relative_error(a @ h_proj @ a.T, h_proj) < 1e-12
+        assert max_rel(a @ h_proj @ a.T, h_proj) < 1e-12
 
 
 def test_precision_matches_explicit_group_average(fitted):
     la = fitted["la"]
     assert la.param_names == fitted["names"]
-    assert relative_error(la.posterior_precision_dense(), fitted["precision"]) < 1e-10
+    assert max_rel(la.posterior_precision_dense(), fitted["precision"]) < 1e-10
     cov = la.posterior_covariance_dense()
-    assert relative_error(cov, torch.linalg.inv(fitted["precision"])) < 1e-9
+    assert max_rel(cov, torch.linalg.inv(fitted["precision"])) < 1e-9
     curv, diag = la.posterior_precision  # the symo.Curvature view of the same matrix
-    assert diag == {} and relative_error(curv.dense(), fitted["precision"]) < 1e-10
+    assert diag == {} and max_rel(curv.dense(), fitted["precision"]) < 1e-10
 
 
 def test_log_determinant_is_exact(fitted):
@@ -151,7 +136,7 @@ def test_samples_are_inverse_root_of_precision(fitted):
     draws = la.sample(n, generator=torch.Generator().manual_seed(5))
     z = torch.randn(n, la.n_params, dtype=D, generator=torch.Generator().manual_seed(5))
     exact = la.mean + z @ inv_sqrt(precision)  # the same z through the oracle's P^{-1/2}
-    assert relative_error(draws - la.mean, exact - la.mean) < 1e-9
+    assert max_rel(draws - la.mean, exact - la.mean) < 1e-9
     # and statistically: the draws' covariance is P^{-1} (entries normalised by sqrt(S_ii S_jj))
     cov = torch.linalg.inv(precision)
     emp = torch.cov((draws - la.mean).T, correction=0)
@@ -167,14 +152,14 @@ def test_glm_predictive_variance(fitted):
     f, theta = flat_outputs(model, names)
     jac = jacrev(f)(theta, xt)
     f_var = jac @ torch.linalg.inv(fitted["precision"]) @ jac.transpose(1, 2)
-    assert relative_error(la.functional_variance(xt), f_var) < 1e-9
+    assert max_rel(la.functional_variance(xt), f_var) < 1e-9
     out = la.predictive(xt, pred_type="glm", link_approx="probit")
     f_mu = f(theta, xt)
     if fitted["likelihood"] == "regression":
-        assert torch.allclose(out[0], f_mu) and relative_error(out[1], f_var) < 1e-9
+        assert torch.allclose(out[0], f_mu) and max_rel(out[1], f_var) < 1e-9
     else:
         kappa = 1 / torch.sqrt(1 + math.pi / 8 * f_var.diagonal(dim1=1, dim2=2))
-        assert relative_error(out, torch.softmax(kappa * f_mu, -1)) < 1e-9
+        assert max_rel(out, torch.softmax(kappa * f_mu, -1)) < 1e-9
 
 
 def test_sampled_predictives_use_the_posterior_draws(fitted):
@@ -186,13 +171,13 @@ def test_sampled_predictives_use_the_posterior_draws(fitted):
     nn_draws = torch.stack([f(theta + d, xt) for d in deltas])
     nn = la.predictive(xt, pred_type="nn", link_approx="mc", n_samples=50, generator=torch.Generator().manual_seed(3))
     if fitted["likelihood"] == "regression":  # (mean, variance) of the draws, as laplace-torch
-        assert relative_error(nn[0], nn_draws.mean(0)) < 1e-10 and relative_error(nn[1], nn_draws.var(0)) < 1e-10
+        assert max_rel(nn[0], nn_draws.mean(0)) < 1e-10 and max_rel(nn[1], nn_draws.var(0)) < 1e-10
         return
-    assert relative_error(nn, torch.softmax(nn_draws, -1).mean(0)) < 1e-10
+    assert max_rel(nn, torch.softmax(nn_draws, -1).mean(0)) < 1e-10
     jac = jacrev(f)(theta, xt)
     expected = torch.softmax(f(theta, xt)[None] + torch.einsum("ncp,sp->snc", jac, deltas), -1).mean(0)
     got = la.predictive(xt, pred_type="glm", link_approx="mc", n_samples=50, generator=torch.Generator().manual_seed(3))
-    assert relative_error(got, expected) < 1e-10
+    assert max_rel(got, expected) < 1e-10
 
 
 def oracle_log_marglik(fitted, delta: float | torch.Tensor, sigma: float) -> torch.Tensor:
@@ -266,7 +251,7 @@ def test_other_estimators(estimator):
     h = project(actions, dense_curvature(model, names, x, y, "classification", "ef" if estimator == "ef" else "ggn"))
     got = la.posterior_precision_dense() - 0.5 * torch.eye(la.n_params, dtype=D)
     # exact for the empirical Fisher; Monte Carlo over 1000 labels an example: ~1% (measured 0.6-1.1% over 5 seeds)
-    assert relative_error(got, h) < (1e-10 if estimator == "ef" else 0.04)
+    assert max_rel(got, h) < (1e-10 if estimator == "ef" else 0.04)
 
 
 def test_last_layer_subset():
@@ -280,15 +265,15 @@ def test_last_layer_subset():
     layout = [("fc3.weight", (4, 3), ["_", "h2"]), ("fc3.bias", (4,), ["_"])]
     h = project(O.action_matrices(spaces, layout), dense_curvature(model, names, x, y, "classification", "ggn"))
     precision = h + 0.2 * torch.eye(16, dtype=D)
-    assert relative_error(la.posterior_precision_dense(), precision) < 1e-10
+    assert max_rel(la.posterior_precision_dense(), precision) < 1e-10
     # the subset's block of the whole network's projected curvature is the same matrix
     whole = SymoLaplace(model, "mlp_relu", estimator="ggn_exact", prior_precision=0.2)
     whole.fit(loader)
-    assert relative_error(whole.posterior_precision_dense()[-16:, -16:], precision) < 1e-10
+    assert max_rel(whole.posterior_precision_dense()[-16:, -16:], precision) < 1e-10
     xt = torch.randn(3, 3, dtype=D)
     f, theta = flat_outputs(model, names)
     jac = jacrev(f)(theta, xt)
-    assert relative_error(la.functional_variance(xt), jac @ torch.linalg.inv(precision) @ jac.transpose(1, 2)) < 1e-9
+    assert max_rel(la.functional_variance(xt), jac @ torch.linalg.inv(precision) @ jac.transpose(1, 2)) < 1e-9
 
 
 def test_inferred_spec_with_an_uncovered_parameter_gets_a_diagonal():
@@ -307,7 +292,7 @@ def test_inferred_spec_with_an_uncovered_parameter_gets_a_diagonal():
     expected[:k, :k] = project(O.action_matrices(spaces, covered), h[:k, :k])
     expected[k:, k:] = torch.diag(h.diagonal()[k:])
     expected += 0.4 * torch.eye(len(h), dtype=D)
-    assert relative_error(la.posterior_precision_dense(), expected) < 1e-10
+    assert max_rel(la.posterior_precision_dense(), expected) < 1e-10
     assert abs(float(la.log_det_posterior_precision) - float(torch.logdet(expected))) < 1e-9
 
 

@@ -11,6 +11,8 @@ import math
 
 import pytest
 import torch
+from cases import blocks
+from helpers import ref_power, rel
 
 from symo.runtime import linalg
 from symo.runtime.linalg import (
@@ -27,37 +29,6 @@ from symo.runtime.linalg import (
 
 F64 = torch.float64
 EPS64 = torch.finfo(F64).eps
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
-
-
-def ref_power(a: torch.Tensor, p: float, damping: float = 0.0, absolute: bool = False,
-              zero_rel: float | None = None) -> torch.Tensor:
-    """Per block: relative (x + damping lambda_max)^p on eigenvalues above 8 sqrt(m) eps lambda_max, 0 on the
-    rest (the README's rule); absolute with damping > 0: (max(x, 0) + damping)^p on every eigenvalue."""
-    out = []
-    for block in a.reshape(-1, *a.shape[-2:]).to(F64):
-        evals, evecs = torch.linalg.eigh((block + block.T) / 2)
-        lam = max(float(evals.max()), 0.0)
-        if absolute and damping > 0:
-            f = (evals.clamp_min(0) + damping) ** p
-        else:
-            tol = (8 * math.sqrt(len(evals)) * EPS64 if zero_rel is None else zero_rel) * lam
-            f = torch.tensor([(x + damping * lam) ** p if x > tol else 0.0 for x in evals.tolist()], dtype=F64)
-        out.append((evecs * f) @ evecs.T)
-    return torch.stack(out).reshape(a.shape)
-
-
-def blocks(m: int = 6, ranks=(6, 3, 6), scales=(1.0, 1e3, 1e-3), seed: int = 0) -> torch.Tensor:
-    """A batch of PSD m x m blocks with the given ranks, scaled far apart."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for r, s in zip(ranks, scales):
-        f = torch.randn(m, r, generator=gen, dtype=F64)
-        out.append(s * f @ f.T / r)
-    return torch.stack(out)
 
 
 def global_lambda_reference(a: torch.Tensor, p: float, damping: float) -> torch.Tensor:

@@ -13,7 +13,8 @@ import math
 
 import pytest
 import torch
-from test_linalg_reference import blocks, ref_power, rel  # noqa: E402
+from cases import blocks
+from helpers import ref_power, rel
 
 from symo.runtime.linalg import (
     geometric_mean,

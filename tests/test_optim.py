@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import rel
 from references import ReferenceMuon, ReferenceShampoo  # noqa: E402
 
 from symo.optim import Symo, SymoConfig
@@ -24,10 +25,6 @@ from symo.train.models import MLP, Factored
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 MUON, ROWS, COLS = SPECS / "muon.toml", SPECS / "shampoo_rows.toml", SPECS / "shampoo_cols.toml"
 FACTORED, HIDDEN = SPECS / "factored.toml", SPECS / "hidden_hidden.toml"
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
 def regression(model: torch.nn.Module, dtype: torch.dtype = torch.float64, seed: int = 1):

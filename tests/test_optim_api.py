@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_optim_options import MUON, SIZES, SPECS, TANH, _data, _loss  # noqa: E402
+from cases import MUON, SIZES, SPECS, TANH, _data, _loss
 
 from symo.optim import Symo
 from symo.runtime.compiled import NonFiniteGradientError

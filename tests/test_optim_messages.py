@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from test_optim_options import MUON, SIZES, TANH  # noqa: E402
+from cases import MUON, SIZES, TANH
 
 import symo
 from symo.optim import Symo, SymoConfig

@@ -13,19 +13,16 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 from block_reference import BlockLayout, ReferenceSymo, psd_function  # noqa: E402
+from cases import FACTORED, MUON, PER_HEAD, RELU, SIZES, SPECS, TANH, _data, _loss
+from helpers import rel
 from references import ReferenceMuon, newton_schulz  # noqa: E402
 
 from symo.optim import Symo, SymoConfig
 from symo.train.models import MLP, Factored
-
-SPECS = Path(__file__).resolve().parent.parent / "specs"
-TANH, RELU, MUON, FACTORED = (SPECS / f"{n}.toml" for n in ("mlp_tanh", "mlp_relu", "muon", "factored"))
-SIZES = (5, 8, 6, 3)
 
 MLP_AXES = {"fc1.weight": ("h1", "_"), "fc1.bias": ("h1",), "fc2.weight": ("h2", "h1"), "fc2.bias": ("h2",),
             "fc3.weight": ("_", "h2"), "fc3.bias": ("_",)}
@@ -39,20 +36,6 @@ LAYOUTS = {
     "muon": (MUON, {"r1": "signed_perm", "r2": "signed_perm", "r3": "signed_perm"},
              {"fc1.weight": ("r1", "_"), "fc2.weight": ("r2", "_"), "fc3.weight": ("r3", "_")}, False),
 }
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
-
-
-def _data(seed: int = 1):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(16, SIZES[0], generator=gen, dtype=torch.float64),
-            torch.randn(16, SIZES[-1], generator=gen, dtype=torch.float64))
-
-
-def _loss(model, x, y):
-    return ((model(x) - y) ** 2).mean()
 
 
 def run_symo(layout: str, steps: int, lr: float, **options) -> dict[str, torch.Tensor]:
@@ -416,13 +399,6 @@ d = { group = "orthogonal", per = "head" }
     assert torch.allclose(rms, torch.full((3,), 0.2, dtype=torch.float64), rtol=1e-12, atol=0)
 
 
-PER_HEAD = """
-[spaces]
-head = { group = "identity", size = 3 }
-d = { group = "orthogonal", per = "head" }
-[params]
-"w" = ["(head d)", "_"]
-"""
 SPLIT_HEADS = """
 [spaces]
 "d{i}" = "orthogonal"

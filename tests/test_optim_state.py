@@ -11,8 +11,9 @@ import copy
 import pytest
 import torch
 from block_reference import psd_function  # noqa: E402
+from cases import MUON, PER_HEAD, SIZES, SPECS, TANH, _data, _loss
+from helpers import rel
 from references import newton_schulz  # noqa: E402
-from test_optim_options import MUON, PER_HEAD, SIZES, SPECS, TANH, _data, _loss, rel  # noqa: E402
 
 import symo
 from symo.optim import Symo

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import rel
 from torch import nn
 
 from symo import PRESETS, Symo, SymoConfig
@@ -27,10 +28,6 @@ h = { group = "signed_perm" }
 "0.weight" = ["h", "_"]
 "2.weight" = ["_", "h"]
 """
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
 def teacher_student(n_in: int = 6, hidden: int = 12, n_out: int = 3, n: int = 64, seed: int = 0):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import polar
 from references import ReferenceMuon, ReferenceShampoo, matrix_power_psd, newton_schulz
 
 D = torch.float64
@@ -11,12 +12,6 @@ D = torch.float64
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, dtype=D, generator=torch.Generator().manual_seed(seed))
-
-
-def polar(G: torch.Tensor) -> torch.Tensor:
-    """Exact polar factor U V^T from the thin SVD."""
-    u, _, vh = torch.linalg.svd(G, full_matrices=False)
-    return u @ vh
 
 
 def with_condition(m: int, n: int, cond: float, seed: int) -> torch.Tensor:

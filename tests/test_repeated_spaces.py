@@ -19,6 +19,7 @@ import oracles as O
 import pytest
 import sympy
 import torch
+from helpers import oracle_S
 from symo.compiler import bind, derive_structure, generate, parse_spec, repeated
 from symo.compiler.codegen_repeated import generate_repeated
 from symo.compiler.diagrams import N, diagrams, gram_matrix
@@ -64,13 +65,6 @@ def tied_case(group: str, n: int, vocab: int = 3):
     return text, layout
 
 
-def oracle_S(group: str, n: int, layout, v: torch.Tensor, extra_spaces: dict | None = None) -> torch.Tensor:
-    if group == "orthogonal":
-        return O.haar_orbit_average(n, layout, v)
-    spaces = {"h": (group, n, None), **(extra_spaces or {})}
-    return O.dense_orbit_average(O.action_matrices(spaces, layout), v)
-
-
 def random_tensors(layout, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {name: torch.randn(*shape, generator=g, dtype=D) for name, shape, _ in layout}
@@ -100,14 +94,14 @@ def test_orbit_average_power_and_matvec_match_the_oracle(maker, group, n):
     names, covered = [x[0] for x in layout], [x[1] for x in layout]
     assert compiled.param_names == names
     grads = random_tensors(layout, seed=n)
-    S_ref = oracle_S(group, n, layout, O.flatten(grads, names))
+    S_ref = oracle_S({"h": (group, n, None)}, layout, O.flatten(grads, names))
     if group == "orthogonal":  # B_n is not a stand-in here: its fourth moment differs from Haar's
         S_bn = O.dense_orbit_average(O.action_matrices({"h": (group, n, None)}, layout), O.flatten(grads, names))
         assert float((S_bn - S_ref).abs().max()) > 1e-3
     check_against_oracle(compiled.orbit_average(grads), S_ref, names, covered, seed=n)
     # an EMA of two gradients is still exact (sum of two orbit averages)
     grads2 = random_tensors(layout, seed=n + 50)
-    S2_ref = oracle_S(group, n, layout, O.flatten(grads2, names))
+    S2_ref = oracle_S({"h": (group, n, None)}, layout, O.flatten(grads2, names))
     ema = 0.25 * compiled.orbit_average(grads) + 0.75 * compiled.orbit_average(grads2)
     check_against_oracle(ema, 0.25 * S_ref + 0.75 * S2_ref, names, covered, seed=n + 7)
 
@@ -123,7 +117,7 @@ def test_two_spaces_with_a_repeated_one(group):
     compiled = compile_text(text, shapes)
     names, covered = [x[0] for x in layout], [x[1] for x in layout]
     grads = random_tensors(layout, seed=3)
-    S_ref = oracle_S(group, n, layout, O.flatten(grads, names), {"k": ("perm", 2, None)})
+    S_ref = oracle_S({"h": (group, n, None), "k": ("perm", 2, None)}, layout, O.flatten(grads, names))
     check_against_oracle(compiled.orbit_average(grads), S_ref, names, covered, seed=3)
 
 
@@ -291,7 +285,7 @@ def test_optimizer_first_update_is_inverse_root_of_exact_s():
     update = O.flatten({k: (before[k] - p.detach()) / 0.1 for k, p in model.named_parameters()}, names)
     _, layout = rnn_case("signed_perm", n)
     g = O.flatten(grads, names)
-    S_ref = oracle_S("signed_perm", n, layout, g)
+    S_ref = oracle_S({"h": ("signed_perm", n, None)}, layout, g)
     assert_near(update, O.dense_power(S_ref, -0.5) @ g, power_tol(S_ref))
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import rel
 from references import ReferenceMuon  # noqa: E402
 from references import newton_schulz as reference_ns  # noqa: E402
 
@@ -30,10 +31,6 @@ from symo.runtime.linalg import (
 from symo.train.models import GPT, MLP, GPTConfig
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def scalar_map(x: torch.Tensor, steps: int, coeffs: tuple[float, float, float], eps: float = 1e-7) -> torch.Tensor:

@@ -14,9 +14,9 @@ import math
 import oracles as O
 import pytest
 import torch
+from cases import stack_shapes
 from symo.compiler import bind as bind_spec
 from symo.compiler import compile_spec, find_families, load_spec, parse_spec
-from test_depth_compile import stack_shapes
 
 import symo
 from symo.train.models import GPT, GPTConfig

@@ -11,28 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from cases import make_text, tiny
 
 from symo import cli
 from symo.train import TrainConfig, lr_factor, train
 from symo.train.checkpoint import CheckpointError, load_checkpoint
 from symo.train.data import DataError, load_corpus, markdown_play_to_text
 from symo.train.models import GPT, GPTConfig
-
-
-def make_text(path: Path) -> Path:
-    """A deterministic small corpus (a few thousand characters over a 20-letter alphabet)."""
-    gen = torch.Generator().manual_seed(0)
-    words = ["".join("abcdefghijklmnopqrst"[int(i)] for i in torch.randint(0, 20, (int(n),), generator=gen))
-             for n in torch.randint(2, 7, (400,), generator=gen)]
-    path.write_text("\n".join(" ".join(words[i:i + 8]) for i in range(0, 400, 8)) + "\n", encoding="utf-8")
-    return path
-
-
-def tiny(tmp_path: Path, **overrides) -> TrainConfig:
-    base = dict(data=str(make_text(tmp_path / "text.txt")), cache_dir=str(tmp_path / "cache"),
-                out_dir=str(tmp_path / "run"), n_layer=2, n_head=2, n_embd=16, block_size=16, batch_size=8,
-                steps=5, eval_interval=2, eval_batches=2, warmup=2, sample_chars=0, progress=False, threads=1)
-    return TrainConfig(**{**base, **overrides})
 
 
 def digest(path: Path) -> str:

@@ -1,0 +1,133 @@
+"""Checks and small references shared by the test modules (a helper, not a test module: the tests
+import from here, never from one another).
+
+- `rel`, `max_rel`: error measures, in float64;
+- `polar`, `ref_power`: dense float64 references of the polar factor and of the matrix power rule;
+- `oracle_S`: the orbit average of tests/oracles.py (exhaustive enumeration, or Haar's exact moments
+  where an orthogonal space repeats within a parameter);
+- `assignment`, `assert_covers`, `assert_all_true`, `independent_check`: checks of inferred specs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import oracles as O
+import torch
+from symo.compiler import bind, shapes_of
+from torch.func import functional_call
+
+import symo
+
+F64 = torch.float64
+EPS64 = torch.finfo(F64).eps
+
+
+# ---------------------------------------------------------------- errors and dense references
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64 (a zero b gives ||a|| / 1e-300)."""
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|."""
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def polar(g: torch.Tensor, rank: int | None = None, tol: float | None = None) -> torch.Tensor:
+    """U V^T from the float64 thin SVD of g: every singular direction, the top `rank`, or those above
+    `tol` times the largest singular value."""
+    u, s, vh = torch.linalg.svd(g.double(), full_matrices=False)
+    keep = s > tol * s.max() if tol is not None else torch.arange(len(s)) < (rank or len(s))
+    return u[:, keep] @ vh[keep]
+
+
+def ref_power(a: torch.Tensor, p: float, damping: float = 0.0, absolute: bool = False,
+              zero_rel: float | None = None) -> torch.Tensor:
+    """Per block: relative (x + damping lambda_max)^p on eigenvalues above 8 sqrt(m) eps lambda_max, 0 on the
+    rest (the README's rule); absolute with damping > 0: (max(x, 0) + damping)^p on every eigenvalue."""
+    out = []
+    for block in a.reshape(-1, *a.shape[-2:]).to(F64):
+        evals, evecs = torch.linalg.eigh((block + block.T) / 2)
+        lam = max(float(evals.max()), 0.0)
+        if absolute and damping > 0:
+            f = (evals.clamp_min(0) + damping) ** p
+        else:
+            tol = (8 * math.sqrt(len(evals)) * EPS64 if zero_rel is None else zero_rel) * lam
+            f = torch.tensor([(x + damping * lam) ** p if x > tol else 0.0 for x in evals.tolist()], dtype=F64)
+        out.append((evecs * f) @ evecs.T)
+    return torch.stack(out).reshape(a.shape)
+
+
+# ---------------------------------------------------------------- the orbit average of the oracle
+
+def oracle_S(spaces: dict[str, tuple], layout: Sequence, v: torch.Tensor,
+             actions: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+    """E_g[A_g v v^T A_g^T] as a dense float64 matrix (tests/oracles.py). `spaces` and `layout` are the
+    oracle's ({space: (group, n, owner)}, [(param, shape, axes)]); `actions`, every A_g, if the caller
+    keeps them. An orthogonal space "h" that repeats within a parameter takes Haar's exact moments
+    (oracles.haar_orbit_average): B_n's fourth moment differs from Haar's once a space repeats."""
+    group, n, _ = spaces.get("h", (None, None, None))
+    if group == "orthogonal" and any(list(axes).count("h") > 1 for _, _, axes in layout):
+        assert len(spaces) == 1, "Haar's moments are implemented for one repeated space named h"
+        return O.haar_orbit_average(n, layout, v)
+    return O.dense_orbit_average(actions if actions is not None else O.action_matrices(spaces, layout), v)
+
+
+# ---------------------------------------------------------------- inferred specs
+
+def assignment(spec, model, sizes=None) -> tuple[dict[tuple, str], object]:
+    """(param, block, atom) -> space name, for every atom a non-identity group acts on; and the bound spec."""
+    bound = bind(spec, shapes_of(model), sizes)
+    out = {}
+    for p in bound.params:
+        for b in p.blocks:
+            for k, a in enumerate(b.atoms):
+                if a.space is not None:
+                    out[(p.name, b.slices, k)] = a.space
+    return out, bound
+
+
+def assert_covers(hand, inferred, model, hand_sizes=None, same_group=None):
+    """Every atom the hand spec moves, the inferred spec moves too, with one inferred space per hand space
+    (a renaming), and for the hand spaces in `same_group` the inferred group is the hand one."""
+    h, hb = assignment(hand, model, hand_sizes)
+    i, ib = assignment(inferred, model)
+    rename = {}
+    for key, space in h.items():
+        assert key in i, f"inferred spec leaves {key} free; the hand spec moves it with {space}"
+        rename.setdefault(space, set()).add(i[key])
+    for space, targets in rename.items():
+        assert len(targets) == 1, f"hand space {space} is split into {targets}"
+    assert len({next(iter(t)) for t in rename.values()}) == len(rename), "two hand spaces merged into one"
+    for space in same_group or ():
+        (target,) = rename[space]
+        assert ib.spaces[target].group == hb.spaces[space].group, (space, target)
+        assert (ib.spaces[target].per is None) == (hb.spaces[space].per is None)
+    return rename, ib
+
+
+def assert_all_true(result):
+    assert result.spaces, "nothing inferred"
+    for s in result.spaces:
+        assert s.status in ("true", "identity"), s
+    assert result.joint_rel_change is not None and result.joint_rel_change <= result.tolerance
+    assert result.tolerance <= 1e-9 or any("lower precision" in n for n in result.notes)
+
+
+def independent_check(model, spec, inputs):
+    """symo.check_symmetry on the summed squared outputs in float64, through CompiledSpec.act (dense matrices)."""
+    compiled = symo.compile(spec, model, disk_cache=False)
+    params = {n: p.detach().double() for n, p in model.named_parameters()}
+    buffers = {n: b.detach().clone().double() if b.is_floating_point() else b for n, b in model.named_buffers()}
+
+    def loss(w):
+        out = functional_call(model, {**w, **buffers}, inputs)
+        out = out[0] if isinstance(out, tuple) else out
+        out = out.logits if hasattr(out, "logits") else out
+        return (out.double() ** 2).sum()
+
+    return symo.check_symmetry(loss, compiled, params, trials=2)
