@@ -1,10 +1,12 @@
-"""The symo.infer package's structure at run time: every module imports on its own in a fresh interpreter,
-the package loads no higher room, and the tracer's operation table is assembled explicitly. (The import
-rules read from the source, cycles included, are tests/test_architecture.py's, for every module.)
+"""The symo.infer package's structure at run time: every module imports on its own (no other module of
+symo loaded before it), the package loads no higher room, and the tracer's operation table is assembled
+explicitly. (The import rules read from the source, cycles included, are tests/test_architecture.py's,
+for every module.)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,10 +28,29 @@ def _python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_module_imports_alone_in_a_fresh_interpreter(module: str) -> None:
-    done = _python(f"import {module}")
+@pytest.fixture(scope="module")
+def imported_alone() -> dict[str, str]:
+    """module -> "" or the error of importing it with no module of symo loaded: one interpreter, whose
+    sys.modules is emptied of symo's modules before each import (torch and sympy stay loaded)."""
+    code = ("import importlib, json, sys, traceback\n"
+            "errors = {}\n"
+            f"for name in {MODULES!r}:\n"
+            "    for loaded in [m for m in sys.modules if m == 'symo' or m.startswith('symo.')]:\n"
+            "        del sys.modules[loaded]\n"
+            "    try:\n"
+            "        importlib.import_module(name)\n"
+            "        errors[name] = ''\n"
+            "    except Exception:\n"
+            "        errors[name] = traceback.format_exc()\n"
+            "print(json.dumps(errors))\n")
+    done = _python(code)
     assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_imports_alone(module: str, imported_alone: dict[str, str]) -> None:
+    assert imported_alone[module] == "", imported_alone[module]
 
 
 def test_package_imports_no_higher_room() -> None:
