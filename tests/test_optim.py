@@ -184,38 +184,6 @@ def test_factored_update_is_gram_determined():
     assert rel(torch.cat([upd["U"], upd["V"]]), expected) < 1e-10
 
 
-def test_factored_gauge_equivariance_and_adam_is_not():
-    """(U Q, V Q) trains to exactly (U_t Q, V_t Q) under Symo; Adam's iterates leave the orbit."""
-    loss = _sensing()
-    torch.manual_seed(0)
-    base = Factored(10, 8, 3).double()
-    q, _ = torch.linalg.qr(torch.randn(3, 3, dtype=torch.float64))
-    twin = copy.deepcopy(base)
-    with torch.no_grad():
-        twin.U.copy_(base.U @ q)
-        twin.V.copy_(base.V @ q)
-
-    def run(model, make):
-        opt = make(model)
-        train(model, [opt], lambda: loss(model), 20)
-        return model.U.detach(), model.V.detach()
-
-    def symo(m):
-        return Symo(m.named_parameters(), FACTORED, lr=0.05, beta2=0.9)
-
-    u0, v0 = run(copy.deepcopy(base), symo)
-    u1, v1 = run(copy.deepcopy(twin), symo)
-    assert rel(u0, base.U.detach()) > 1e-2  # it trained
-    assert rel(u1, u0 @ q) < 1e-10 and rel(v1, v0 @ q) < 1e-10
-
-    def adam(m):
-        return torch.optim.Adam(m.parameters(), lr=0.05)
-
-    a0, b0 = run(copy.deepcopy(base), adam)
-    a1, b1 = run(copy.deepcopy(twin), adam)
-    assert rel(a1, a0 @ q) > 1e-2
-
-
 def test_hidden_to_hidden_is_normalised_gradient():
     """Both sides signed_perm: sqrt(h1 h2) G / ||G|| for every weight matrix."""
     grads, upd = first_update(HIDDEN)

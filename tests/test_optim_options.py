@@ -323,7 +323,7 @@ def _sensing(m=10, n=8, k=3, count=60, seed=0):
     return lambda model: ((torch.einsum("imn,mn->i", a, model()) - y) ** 2).mean()
 
 
-@pytest.mark.parametrize("options", [{}, {"beta1": 0.0, "damping": 0.0}])
+@pytest.mark.parametrize("options", [{}, {"beta1": 0.0, "damping": 0.0}, {"beta2": 0.9}])
 def test_gauge_twins_on_the_default_path_and_adam_breaks_both_factors(options):
     """factored.toml with the defaults (beta2 = 0, the Muon-style path): (U Q, V Q) trains to (U_t Q, V_t Q)
     to 1e-10 for a random orthogonal Q; Adam's twins leave the orbit in U and in V."""
