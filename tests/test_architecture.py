@@ -186,6 +186,7 @@ def test_no_registration_by_import_side_effect(module: str) -> None:
     assert not bad, f"{MODULES[module].relative_to(REPO)} runs code at import: {bad}"
 
 
+@pytest.mark.slow
 def test_import_symo_loads_no_sympy_networkx_or_torch() -> None:
     code = ("import sys, symo; heavy = [m for m in ('sympy', 'networkx', 'torch') if m in sys.modules]; "
             "print(','.join(heavy))")

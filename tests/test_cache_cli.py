@@ -212,6 +212,7 @@ def test_generated_source_is_inspectable(tmp_path: Path, fresh_memory) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_module_entry_point(tmp_path: Path) -> None:
     env = {**os.environ, "SYMO_CACHE_DIR": str(tmp_path / "cli-cache")}
     ok = subprocess.run([sys.executable, "-m", "symo", "compile", "specs/mlp_tanh.toml", "--model",

@@ -83,6 +83,7 @@ def runs(world: int, tmp_path_factory) -> dict:
     return _RUNS[world]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("mode", MODES)
 def test_equal_to_one_process_after_five_steps(world, mode, tmp_path_factory):
@@ -100,6 +101,7 @@ def test_equal_to_one_process_after_five_steps(world, mode, tmp_path_factory):
         assert torch.equal(got[frozen], build(name, "")[0].get_parameter(frozen).detach()), (name, "frozen moved")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("mode", MODES)
 def test_each_block_is_computed_on_exactly_one_rank(world, mode, tmp_path_factory):
@@ -117,6 +119,7 @@ def test_each_block_is_computed_on_exactly_one_rank(world, mode, tmp_path_factor
             assert all(len(calls) < len(alone) for calls in per_rank), (name, per_rank)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_collectives_per_step_do_not_grow_with_the_parameters(world, tmp_path_factory):
     """FSDP2: one all-reduce (the finite-gradient check) and one all-to-all each way per dtype (the raw
@@ -179,6 +182,7 @@ def _fresh(name: str, mode: str, seed: int):
     return model, make_optimizer(name, model.module if mode == "replicated" else model, case, "", mode)
 
 
+@pytest.mark.slow
 def test_checkpoint_save_load_resume_is_bit_identical(tmp_path):
     """get_/set_optimizer_state_dict with dcp.save / dcp.load after 3 of 5 steps (beta2 > 0: the block
     statistics must travel too), into an optimizer built on other weights: the same bits as no stop.
@@ -295,6 +299,7 @@ def _reshard_worker(rank: int, world: int, port: int, folder: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_saved_on_two_ranks_resumes_on_four(tmp_path):
     """The block statistics are saved under their anchor parameter's name, not their rank: a DCP checkpoint
     of 2 ranks loads on 4, each rank taking the blocks it owns there, and the run continues as the

@@ -47,6 +47,7 @@ def test_a_broken_model_module_is_one_error_line(tmp_path: Path, monkeypatch: py
     assert err.startswith(f"error: --model '{name}:factory': importing '{name}' raised SyntaxError"), err
 
 
+@pytest.mark.slow
 def test_console_script_finds_a_model_in_the_current_folder(tmp_path: Path) -> None:
     """The installed `symo` script (whose sys.path[0] is its bin folder, not the current folder)."""
     (tmp_path / "mymodels.py").write_text(USER_MODELS)
@@ -211,6 +212,7 @@ def test_train_partial_drops_rules_and_trains_as_the_full_spec(tmp_path: Path, c
         assert torch.equal(a, b), n
 
 
+@pytest.mark.slow
 def test_help_imports_no_heavy_module() -> None:
     """`symo --help` (and every subcommand's --help) imports neither torch nor sympy nor networkx: those
     cost seconds on a loaded machine, and a command imports them only when it runs."""

@@ -48,11 +48,13 @@ def imported_alone() -> dict[str, str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", MODULES)
 def test_module_imports_alone(module: str, imported_alone: dict[str, str]) -> None:
     assert imported_alone[module] == "", imported_alone[module]
 
 
+@pytest.mark.slow
 def test_package_imports_no_higher_room() -> None:
     done = _python(f"import sys, symo.infer.inference; print([m for m in {HIGHER!r} if m in sys.modules])")
     assert done.returncode == 0, done.stderr
@@ -72,6 +74,7 @@ def test_tracer_without_handlers_is_refused() -> None:
         Tracer({})
 
 
+@pytest.mark.slow
 def test_old_module_paths_alias_the_new_modules_with_a_warning() -> None:
     """symo.infer_trace and the other flat modules of before keep importing, as the same module objects."""
     old = ["axes", "layout", "names", "ops", "ops_nn", "trace", "verify"]

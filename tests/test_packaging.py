@@ -56,6 +56,7 @@ def test_wheel_contents(wheel: Path) -> None:
     assert top == {"symo"}
 
 
+@pytest.mark.slow
 def test_installed_wheel_works_from_another_folder(wheel: Path, tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     assert run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", env_dir]).returncode == 0

@@ -29,11 +29,13 @@ def heavy(modules: set[str]) -> list[str]:
     return sorted(m for m in modules if m.split(".")[0] in HEAVY)
 
 
+@pytest.mark.slow
 def test_import_symo_leaves_the_heavy_dependencies_out() -> None:
     modules = imported_modules([sys.executable, "-c", "import symo"])
     assert "symo" in modules and heavy(modules) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_symo_help_and_version_leave_the_heavy_dependencies_out(flag: str) -> None:
     script = Path(sys.executable).with_name("symo")

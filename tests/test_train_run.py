@@ -175,6 +175,7 @@ def _ddp_worker(rank: int, world: int, port: int, cfg: TrainConfig, out: str) ->
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
     """torchrun's setting (RANK / WORLD_SIZE / MASTER_*), gloo on CPU: the global batch of 8 split 4 + 4."""
     with socket.socket() as s:
@@ -225,6 +226,7 @@ def _spawn(worker, *args) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_fsdp_two_processes_equal_one_and_resume_bit_identically(tmp_path):
     """--fsdp under torchrun's setting: FSDP2 shards the model, Symo steps the shards and computes each block
     on one rank. The parameters equal one process's up to summation order; and with stored block statistics
