@@ -16,25 +16,24 @@ Same model, data, batch, schedule (warm-up + cosine) and step budget for every o
 Setup (SETUP below): the 4-layer GPT (4 heads, d_model 128) at context 64 and batch 16 (a quarter of the
 reference 128 x 32 tokens per step, to fit a shared 2-core machine), 500 steps. `--reference` runs the
 reference size (context 128, batch 32, 1000 steps; about 4x the CPU time) and writes its own files.
-Runs go to a process pool (default 2 workers, 1 thread each). Every finished run, and the ms/step
-timing, goes to a run cache, nanogpt_compare_runs.json beside the outputs: an interrupted comparison
-continues where it stopped, and a finished one rebuilds its report without training.
+Runs go to the harness's process pool (benchmarks/harness.py; default 2 workers, 1 thread each). Every
+finished run, and the ms/step timing, goes to its run cache, nanogpt_compare_runs.json beside the outputs:
+an interrupted comparison continues where it stopped, and a finished one rebuilds its report without
+training.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from multiprocessing import get_context
 from pathlib import Path
+
+from benchmarks.harness import RunCache, RunPool, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -117,7 +116,6 @@ def run_one(job: dict) -> dict:
     """One training run in a worker process (1 thread)."""
     import torch
 
-    torch.set_num_threads(1)
     from symo.train import TrainConfig, train
 
     cfg = TrainConfig(**job["config"], progress=False, sample_chars=0,
@@ -125,8 +123,13 @@ def run_one(job: dict) -> dict:
     ckpt = Path(cfg.out_dir) / "ckpt.pt"
     if ckpt.exists():
         ckpt.unlink()  # a half-finished earlier attempt: start over
+    threads = torch.get_num_threads()  # with one worker the run trains in the calling process
+    torch.set_num_threads(1)
     t = time.perf_counter()
-    res = train(cfg)
+    try:
+        res = train(cfg)
+    finally:
+        torch.set_num_threads(threads)
     h = res["history"]
     evals = [(int(s), v) for s, v in zip(h["step"], h["val_loss"]) if not math.isnan(v)]
     return {"key": job["key"], "variant": job["variant"], "lr": job["config"]["lr"], "seed": job["config"]["seed"],
@@ -216,31 +219,20 @@ def main(argv: list[str] | None = None) -> int:
     variants = list(VARIANTS)
     grids = {v: list(GRIDS[v][1:] if args.quick else GRIDS[v]) for v in variants}
 
-    from tqdm import tqdm
-
     args.out.mkdir(parents=True, exist_ok=True)
-    cache_path = args.out / f"{args.name}_runs.json"
-    cache: dict[str, dict] = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
+    cache = RunCache(args.out / f"{args.name}_runs.json")
     t_start = time.time()
     grid_done: dict[str, dict[float, float]] = {v: {} for v in variants}
     extensions = {v: 0 for v in variants}
     chosen: dict[str, float] = {}
     runs: dict[str, dict] = {}
-    pending: dict = {}
-    bar = tqdm(total=sum(len(g) for g in grids.values()) + len(variants) * (args.seeds - 1), unit="run")
-    pool = ProcessPoolExecutor(max_workers=args.workers, mp_context=get_context("spawn"))
+    pool = RunPool(run_one, cache, workers=args.workers, desc=args.name)
 
     def submit(variant: str, lr: float, seed: int) -> None:
-        job = job_for(variant, lr, seed, args)
-        if job["key"] in cache:
-            on_done(cache[job["key"]])
-        else:
-            pending[pool.submit(run_one, job)] = job
+        pool.submit(job_for(variant, lr, seed, args))
 
-    def on_done(res: dict) -> None:
+    def on_done(job: dict, res: dict) -> None:
         runs[res["key"]] = res
-        bar.update(1)
-        bar.set_postfix_str(f"{res['variant']} lr {res['lr']:g} seed {res['seed']}: val {res['final_val']:.3f}")
         v = res["variant"]
         if res["seed"] == 0 and v not in chosen:
             grid_done[v][res["lr"]] = res["final_val"]
@@ -249,37 +241,22 @@ def main(argv: list[str] | None = None) -> int:
                 if extra is not None and extensions[v] < 2 and not args.quick:
                     extensions[v] += 1
                     grids[v].append(extra)
-                    bar.total += 1
                     submit(v, extra, 0)
                 else:
                     chosen[v] = best
                     for seed in range(1, args.seeds):
                         submit(v, best, seed)
 
-    def store(key: str, record: dict) -> None:
-        cache[key] = record
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, cache_path)
-
     for v in reversed(variants):  # the slowest (paper preset) first, so that the pool's tail is short
         for lr in list(grids[v]):
             submit(v, lr, 0)
-    while pending:
-        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-        for fut in done:
-            job = pending.pop(fut)
-            res = fut.result()
-            store(job["key"], res)
-            on_done(res)
-    pool.shutdown()
-    bar.close()
+    pool.run(on_done)
     print(f"{(time.time() - t_start) / 60:.1f} minutes of training", flush=True)
     timing_key = "timing/" + job_for("adamw", 0.0, 0, args)["key"].split("/", 3)[3] + "/" + ",".join(
         f"{v}={chosen[v]:g}" for v in variants)
     if timing_key not in cache:
         print("timing the optimizers (interleaved rounds) ...", flush=True)
-        store(timing_key, {"ms_per_step": timing(args, chosen, rounds=1 if args.quick else TIMING_ROUNDS)})
+        cache.put(timing_key, {"ms_per_step": timing(args, chosen, rounds=1 if args.quick else TIMING_ROUNDS)})
     report(args, variants, grid_done, chosen, runs, cache[timing_key]["ms_per_step"], command)
     shutil.rmtree(args.run_root, ignore_errors=True)
     return 0
@@ -315,7 +292,6 @@ def report(args, variants, grid_done, chosen, runs, ms, command) -> None:
            "setup": {k: getattr(args, k) for k in ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd",
                                                    "eval_interval", "eval_batches", "warmup", "adamw_lr", "seeds")},
            "command": command, "worker_minutes": worker_minutes}
-    (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1))
 
     def fmt_steps(v):
         s = summary[v]
@@ -352,7 +328,7 @@ def report(args, variants, grid_done, chosen, runs, ms, command) -> None:
         lines.append(f"| {LABELS[v]} | {cells} |")
     lines += ["", "ms/step: forward + backward + optimizer step, median over interleaved rounds in one process with "
               "1 thread, after the training runs; absolute times depend on the machine, the ratios less so.", ""]
-    (args.out / f"{args.name}.md").write_text("\n".join(lines))
+    write_results(args.out, args.name, "\n".join(lines), out)
     plot(args, variants, summary, runs, chosen, target, seed_runs)
     print("\n".join(lines))
 
