@@ -14,26 +14,24 @@ doi:10.4231/R7RX991C. Licensed under CC BY 3.0.
 Model W = U V^T, U (pixels x 48), V (200 x 48), init N(0, 1) * 1e-2; loss = MSE over observed entries
 (Bernoulli(d) mask); held-out error = RMSE over the unobserved entries. LR selection on training loss
 only (seeds 42, 123), then seeds 42, 123, 456, 789 at the chosen LR. Every run goes to a run cache,
-hyperspectral_runs.json beside the outputs, as soon as it finishes; an invocation trains only the runs
-(rule, lr, seed, density, pixels, step cap) the cache lacks and rebuilds the tables from the cache.
+hyperspectral_runs.json beside the outputs, as soon as it finishes (the run cache and process pool of
+benchmarks/harness.py); an invocation trains only the runs (rule, lr, seed, density, pixels, step cap) the
+cache lacks and rebuilds the tables from the cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
-import os
 import statistics
 import tempfile
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
 
 from benchmarks import sensing_core as sc
-from symo.train.progress import progress as tqdm
+from benchmarks.harness import RunCache, run_pool, write_results
 
 RANK = 48
 LEVELS = (3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
@@ -109,43 +107,26 @@ def train(rule: str, lr: float, seed: int, density: float, n_pixels: int, max_st
             "hits": {str(k): h for k, h in hits.items()}}
 
 
-def _task(kw: dict) -> dict:
+def _task(job: dict) -> dict:
+    """One training run, in a worker process of the harness's pool (one thread)."""
+    threads = torch.get_num_threads()  # with one worker the run trains in the calling process
     torch.set_num_threads(1)
-    return train(**kw)
+    try:
+        return train(**{k: v for k, v in job.items() if k != "key"})
+    finally:
+        torch.set_num_threads(threads)
 
 
-def run_pool(tasks: list[dict], desc: str, workers: int, keep) -> None:
-    """Train every task; `keep(run)` receives each run as it finishes (completion order)."""
-    if workers <= 1:
-        for t in tqdm(tasks, desc=desc):
-            keep(_task(t))
-        return
-    with get_context("spawn").Pool(workers) as pool:
-        for run in tqdm(pool.imap_unordered(_task, tasks), total=len(tasks), desc=desc):
-            keep(run)
+def run_key(r: dict) -> str:
+    """A run's key in the cache: rule, rate, seed, density, pixels and step cap."""
+    return (f"{r['rule']}/lr{float(r['lr'])!r}/seed{r['seed']}/density{r['density']}/px{r['n_pixels']}"
+            f"/steps{r['max_steps']}")
 
 
-def run_key(r: dict) -> tuple:
-    return r["rule"], float(r["lr"]), r["seed"], r["density"], r["n_pixels"], r["max_steps"]
+def fetch(cache: RunCache, tasks: list[dict], desc: str, workers: int) -> list[dict]:
+    """The runs of `tasks`, training those the cache lacks (the harness's pool, `workers` processes)."""
+    return run_pool(_task, [{**t, "key": run_key(t)} for t in tasks], cache, workers, desc)
 
-
-class RunCache:
-    """The runs trained so far (a JSON list, one run per line), rewritten whole after each run."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.runs = {run_key(r): r for r in (json.loads(path.read_text()) if path.exists() else [])}
-
-    def keep(self, run: dict) -> None:
-        self.runs.setdefault(run_key(run), run)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text("[\n" + ",\n".join(json.dumps(r) for r in self.runs.values()) + "\n]\n")
-        os.replace(tmp, self.path)
-
-    def get(self, tasks: list[dict], desc: str, workers: int) -> list[dict]:
-        """The runs of `tasks`, training those the cache lacks."""
-        run_pool([t for t in tasks if run_key(t) not in self.runs], desc, workers, self.keep)
-        return [self.runs[run_key(t)] for t in tasks]
 
 def deepest_common(runs: list[dict]) -> float | None:
     common = [lv for lv in LEVELS if all(str(lv) in r["hits"] for r in runs)]
@@ -195,7 +176,7 @@ def selection_runs(cache: RunCache, grids: dict, densities, base: dict, workers:
              for lr in g for s in SELECT_SEEDS]
     first = [task(r, middle(g), s, d) for d in densities for r, g in grids.items() if r in PRUNED_RULES
              for s in SELECT_SEEDS]
-    runs = cache.get(plain + first, "select", workers)
+    runs = fetch(cache, plain + first, "select", workers)
     rest = []
     for d in densities:
         for r, g in grids.items():
@@ -205,7 +186,7 @@ def selection_runs(cache: RunCache, grids: dict, densities, base: dict, workers:
                                      and x["lr"] == middle(g)])
             cap = base["max_steps"] if budget is None else min(budget, base["max_steps"])
             rest += [task(r, lr, s, d, cap) for lr in g if lr != middle(g) for s in SELECT_SEEDS]
-    return runs + cache.get(rest, "select (pruned)", workers)
+    return runs + fetch(cache, rest, "select (pruned)", workers)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -234,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
               for d in densities for r in grids if r in PRUNED_RULES}
     extra = [{"rule": r, "lr": chosen[(d, r)], "seed": s, "density": d, **base}
              for d in densities for r in grids for s in REPORT_SEEDS if s not in SELECT_SEEDS]
-    runs += cache.get(extra, "report", args.workers)
+    runs += fetch(cache, extra, "report", args.workers)
     data: dict = {}
     detail: dict = {}
     for d in densities:
@@ -256,11 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
                       for lv in LEVELS if all(str(lv) in x["hits"] for x in rs)}
         data[str(d)] = entry
         detail[str(d)] = det
-    tmp = out / "hyperspectral.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, out / "hyperspectral.json")
     md = render_md(data, detail, command, args, grids)
-    (out / "hyperspectral.md").write_text(md)
+    write_results(out, "hyperspectral", md, data)
     plot(detail, out / "hyperspectral.png")
     print(md)
     return data

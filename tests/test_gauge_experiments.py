@@ -119,7 +119,8 @@ def test_hyperspectral_reuses_its_cached_runs_and_trains_only_a_new_rate(tmp_pat
     command = (tmp_path / "hyperspectral.md").read_text().splitlines()[2]
     assert command == "Command: `python -m benchmarks.hyperspectral --quick`"
     hs.main(["--quick", "--max-steps", "50", "--workers", "1", "--out", str(tmp_path)])
-    capped = [r for r in json.loads((tmp_path / "hyperspectral_runs.json").read_text()) if r["max_steps"] == 50]
+    capped = [r for r in json.loads((tmp_path / "hyperspectral_runs.json").read_text()).values()
+              if r["max_steps"] == 50]
     # every run trained again: the cached runs had another cap
     assert len(trained) - len(want) == len(capped) >= 4 * len(hs.QUICK_GRIDS)
 
@@ -133,13 +134,14 @@ def test_hyperspectral_pruning_budget():
 
 
 class _SyntheticCache:
-    """Stands in for RunCache: a run's first step at each level is drawn once per (rule, lr, seed, density)
-    and a run stopped at max_steps keeps the levels it reached by then, as a truncated training run does."""
+    """Stands in for the run cache and its training (hs.fetch): a run's first step at each level is drawn once
+    per (rule, lr, seed, density) and a run stopped at max_steps keeps the levels it reached by then, as a
+    truncated training run does."""
 
     def __init__(self, seed: int):
         self.seed, self.asked = seed, []
 
-    def get(self, tasks, desc, workers):
+    def fetch(self, tasks):
         self.asked += tasks
         return [self.run(t) for t in tasks]
 
@@ -158,6 +160,7 @@ def test_hyperspectral_pruned_selection_chooses_the_rate_that_full_selection_cho
     """Oracle: selecting from runs that all went to the protocol's cap. 400 synthetic draws of the steps
     each rate needs, with rates that miss levels, ties and incumbents that miss levels among them."""
     monkeypatch.setattr(hs, "PRUNED_RULES", ("symo_paper",))
+    monkeypatch.setattr(hs, "fetch", lambda cache, tasks, desc, workers: cache.fetch(tasks))
     grids = {"symo_paper": (1e-3, 3e-3, 1e-2, 3e-2, 0.1), "gd": (1, 3)}
     base = {"n_pixels": 2000, "max_steps": 30_000}
     pruned_any = cut = 0
