@@ -7,10 +7,10 @@ reference, the anisotropy dial, and the spectral tail, with each rule's gauge-eq
 
 40 x 40 target of rank 3, factors 40 x 40, m = 462 Gaussian measurements, init 1e-3, seeds 42 123 456,
 float32 on CPU, at the grids below (the protocol's, extended until every chosen rate is bracketed).
-Every run goes to a run cache, matrix_sensing_runs.json beside the outputs, as soon as it finishes: an
-invocation computes only the runs the cache lacks (independent runs in a process pool of --workers, one
-thread each) and rebuilds the tables from the cache. To redo a rule whose update changed, delete its
-records from the cache.
+Every task's runs go to a run cache, matrix_sensing_runs.json beside the outputs, as soon as the task
+finishes: an invocation computes only the runs the cache lacks (tasks in a process pool of --workers, one
+thread each; the cache and pool of benchmarks/harness.py) and rebuilds the tables from the cache. To redo
+a rule whose update changed, delete the records holding its runs from the cache.
 """
 
 from __future__ import annotations
@@ -18,18 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
 import time
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
 
 import symo
 from benchmarks import sensing_core as sc
+from benchmarks.harness import RunCache, run_pool
 from benchmarks.sensing_report import write_outputs
 from symo.train.progress import progress as tqdm
 
@@ -120,10 +119,6 @@ SYMO_TAIL_ARMS = {
 }
 
 
-def _worker_init() -> None:
-    torch.set_num_threads(1)
-
-
 def _run(task: dict) -> list[dict]:
     task = dict(task)
     if task.pop("kind", "single") == "batched":
@@ -131,19 +126,20 @@ def _run(task: dict) -> list[dict]:
     return [sc.train(**task)]
 
 
-def run_pool(tasks: list[dict], desc: str, workers: int, keep) -> None:
-    """Run every task; `keep(runs)` receives each task's runs as it finishes (completion order)."""
-    if workers <= 1:
-        _worker_init()
-        for t in tqdm(tasks, desc=desc):
-            keep(_run(t))
-        return
-    with get_context("spawn").Pool(workers, initializer=_worker_init) as pool:
-        for runs in tqdm(pool.imap_unordered(_run, tasks), total=len(tasks), desc=desc):
-            keep(runs)
+def _job(job: dict) -> dict:
+    """One task of the harness's pool (one thread): its runs, each marked with its part and step cap."""
+    threads = torch.get_num_threads()  # with one worker the task runs in the calling process
+    torch.set_num_threads(1)
+    try:
+        runs = _run(job["task"])
+    finally:
+        torch.set_num_threads(threads)
+    return {"runs": [{"part": job["part"], "max_steps": job["task"]["max_steps"], **r} for r in runs]}
 
 
 # ------------------------------------------------------------------ the run cache
+# The harness's RunCache holds one record per computed task, {"runs": [...]}: a batched task trains several
+# rates and seeds at once. A run is found by its run key, whichever task computed it.
 def run_key(run: dict) -> tuple:
     """What identifies a run: its part, rule (or Symo arm), rate, seed, tau, p and step cap; the nuclear-norm
     reference is one record for all seeds (its size and seeds), a rule's equivariance verdict one record."""
@@ -154,44 +150,41 @@ def run_key(run: dict) -> tuple:
     return run["part"], run["rule"], float(run["lr"]), run["seed"], run.get("tau"), run.get("p"), run["max_steps"]
 
 
-class RunCache:
-    """The runs computed so far, one JSON record per line in a list; rewritten whole after each task."""
+def cached_runs(cache: RunCache) -> dict[tuple, dict]:
+    """Every cached run by its run key, in the cache's order (the first record of a key wins)."""
+    out: dict[tuple, dict] = {}
+    for record in cache.records.values():
+        for run in record["runs"]:
+            out.setdefault(run_key(run), run)
+    return out
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.runs = json.loads(path.read_text()) if path.exists() else []
-        self.keys = {run_key(r) for r in self.runs}
 
-    def add(self, runs: list[dict], part: str, max_steps: int | None = None) -> None:
-        for r in runs:
-            r = {"part": part, **({} if max_steps is None else {"max_steps": max_steps}), **r}
-            if run_key(r) not in self.keys:
-                self.keys.add(run_key(r))
-                self.runs.append(r)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text("[\n" + ",\n".join(json.dumps(r) for r in self.runs) + "\n]\n")
-        os.replace(tmp, self.path)
+def put_runs(cache: RunCache, runs: list[dict]) -> None:
+    """Runs computed here rather than by a task of the pool (verdicts, the nuclear-norm reference)."""
+    cache.put(json.dumps(run_key(runs[0])), {"runs": runs})
 
-    def select(self, planned: list[dict]) -> list[dict]:
-        """The cached runs of `planned` (run keys), in the cache's order."""
-        wanted = {run_key(p) for p in planned}
-        return [r for r in self.runs if run_key(r) in wanted]
 
-    def compute_missing(self, planned: list[dict], part: str, workers: int) -> None:
-        """Run the planned runs the cache lacks: one task per (rule, tau, p) and set of missing seeds, batched
-        over the rates that miss those seeds."""
-        seeds_of: dict[tuple, list[int]] = {}
-        for p in planned:
-            if run_key(p) not in self.keys:
-                seeds_of.setdefault((p["rule"], p["tau"], p["p"], p["max_steps"], p["lr"]), []).append(p["seed"])
-        groups: dict[tuple, list[float]] = {}
-        for (*cell, lr), seeds in seeds_of.items():
-            groups.setdefault((*cell, tuple(seeds)), []).append(lr)
-        tasks = [t for (rule, tau, p, steps, seeds), lrs in groups.items()
-                 for t in tasks_of(part, rule, lrs, list(seeds), tau, p, steps)]
-        if tasks:
-            steps = {t["max_steps"] for t in tasks}.pop()
-            run_pool(tasks, part, workers, lambda runs: self.add(runs, part, steps))
+def select(cache: RunCache, planned: list[dict]) -> list[dict]:
+    """The cached runs of `planned` (run keys), in the cache's order."""
+    wanted = {run_key(p) for p in planned}
+    return [r for k, r in cached_runs(cache).items() if k in wanted]
+
+
+def compute_missing(cache: RunCache, planned: list[dict], part: str, workers: int) -> None:
+    """Run the planned runs the cache lacks: one task per (rule, tau, p) and set of missing seeds, batched
+    over the rates that miss those seeds."""
+    have = cached_runs(cache)
+    seeds_of: dict[tuple, list[int]] = {}
+    for p in planned:
+        if run_key(p) not in have:
+            seeds_of.setdefault((p["rule"], p["tau"], p["p"], p["max_steps"], p["lr"]), []).append(p["seed"])
+    groups: dict[tuple, list[float]] = {}
+    for (*cell, lr), seeds in seeds_of.items():
+        groups.setdefault((*cell, tuple(seeds)), []).append(lr)
+    tasks = [t for (rule, tau, p, steps, seeds), lrs in groups.items()
+             for t in tasks_of(part, rule, lrs, list(seeds), tau, p, steps)]
+    jobs = [{"key": f"{part}/" + json.dumps(t, sort_keys=True), "part": part, "task": t} for t in tasks]
+    run_pool(_job, jobs, cache, workers, part)
 
 
 # ------------------------------------------------------------------ the planned runs of each part
@@ -260,10 +253,10 @@ def cached_verdicts(rules: list[str], cache: RunCache) -> dict[str, dict]:
     """Each rule's verdict, computed once and cached (its step-1 defect is rounding noise when equivariant,
     which differs between machines: the cache keeps the table reproducible)."""
     for rule in rules:
-        if ("verdict", rule) not in cache.keys:
-            cache.add([{"rule": rule, **verdict(rule)}], "verdict")
+        if ("verdict", rule) not in cached_runs(cache):
+            put_runs(cache, [{"part": "verdict", "rule": rule, **verdict(rule)}])
     return {r["rule"]: {k: r[k] for k in ("equivariant", "first_step_defect", "final_divergence")}
-            for r in cache.runs if r["part"] == "verdict" and r["rule"] in rules}
+            for r in cached_runs(cache).values() if r["part"] == "verdict" and r["rule"] in rules}
 
 
 def summarize_zoo(runs: list[dict], verdicts: dict[str, dict]) -> dict:
@@ -316,15 +309,15 @@ def nuclear_reference(quick: bool, cache: RunCache) -> dict:
     seeds = list(SEEDS[:1] if quick else SEEDS)
     n = 12 if quick else sc.N  # quick: a 12 x 12 rank-2 problem (the 40 x 40 solve takes ~40 s per seed)
     key = ("nuclear", n, tuple(seeds))
-    if key not in cache.keys:
+    if key not in cached_runs(cache):
         recs, eranks = [], []
         for s in tqdm(seeds, desc="nuclear"):
             x, a, y = sc.make_problem(s, n=12, rank=2, m=2 * 2 * (24 - 2)) if quick else sc.make_problem(s)
             w = sc.nuclear_norm_interpolant(a, y, tuple(x.shape)).to(torch.float32)
             recs.append(float((w - x).norm() / x.norm()))
             eranks.append(sc.effective_rank(w))
-        cache.add([{"n": n, "seeds": seeds, "per_seed": recs, "erank_mean": _mean(eranks)}], "nuclear")
-    (rec,) = [r for r in cache.runs if run_key(r) == key]
+        put_runs(cache, [{"part": "nuclear", "n": n, "seeds": seeds, "per_seed": recs, "erank_mean": _mean(eranks)}])
+    rec = cached_runs(cache)[key]
     return {"recovery_mean": _mean(rec["per_seed"]), "recovery_std": _std(rec["per_seed"]),
             "erank_mean": rec["erank_mean"], "per_seed": rec["per_seed"]}
 
@@ -344,11 +337,11 @@ def main(argv: list[str] | None = None) -> dict:
     data: dict = {"command": COMMAND + (" --quick" if args.quick else "")}
     planned = {part: planned_runs(part, args.quick) for part in ("zoo", "dial", "tail")}
     for part, runs in planned.items():
-        cache.compute_missing(runs, part, args.workers)
-    data["zoo"] = summarize_zoo(cache.select(planned["zoo"]), cached_verdicts(list(ZOO_GRIDS), cache))
+        compute_missing(cache, runs, part, args.workers)
+    data["zoo"] = summarize_zoo(select(cache, planned["zoo"]), cached_verdicts(list(ZOO_GRIDS), cache))
     data["nuclear_norm"] = nuclear_reference(args.quick, cache)
-    data["dial"] = summarize_dial(cache.select(planned["dial"]))
-    data["tail"] = summarize_tail(cache.select(planned["tail"]))
+    data["dial"] = summarize_dial(select(cache, planned["dial"]))
+    data["tail"] = summarize_tail(select(cache, planned["tail"]))
     if not args.quick:
         data["notes"] = list(NOTES)
     write_outputs(data, out)

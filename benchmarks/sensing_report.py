@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
+
+from benchmarks.harness import write_results
 
 
 def write_outputs(data: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "matrix_sensing.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, out / "matrix_sensing.json")
-    (out / "matrix_sensing.md").write_text(render_md(data))
+    write_results(out, "matrix_sensing", render_md(data), data)
     plot(data, out / "matrix_sensing.png")
 
 

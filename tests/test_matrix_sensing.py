@@ -124,15 +124,15 @@ def test_a_grid_extension_computes_only_the_new_rate_and_reselects_over_both(tmp
     train_batched = sc.train_batched
     monkeypatch.setattr(sc, "train_batched", lambda *a, **k: calls.append(k["lrs"]) or train_batched(*a, **k))
     cache = ms.RunCache(tmp_path / "matrix_sensing_runs.json")
-    cache.compute_missing(_gd_tail((0.01,)), "tail", workers=1)
+    ms.compute_missing(cache, _gd_tail((0.01,)), "tail", workers=1)
     assert calls == [[0.01], [0.01]]  # one batch per tau
     cache = ms.RunCache(tmp_path / "matrix_sensing_runs.json")  # as a second invocation reads it
-    cache.compute_missing(_gd_tail((0.003, 0.01, 0.03)), "tail", workers=1)
+    ms.compute_missing(cache, _gd_tail((0.003, 0.01, 0.03)), "tail", workers=1)
     assert calls[2:] == [[0.003, 0.03], [0.003, 0.03]]  # the new rates only, batched
-    tail = ms.summarize_tail(cache.select(_gd_tail((0.003, 0.01, 0.03))))
+    tail = ms.summarize_tail(ms.select(cache, _gd_tail((0.003, 0.01, 0.03))))
     assert {t["tau"] for t in tail} == {0.0, 0.2} and all(t["grid"] == [0.003, 0.01, 0.03] for t in tail)
-    cache.compute_missing(_gd_tail((0.003, 0.01, 0.03)), "tail", workers=1)
-    assert len(calls) == 4 and len(cache.runs) == 6
+    ms.compute_missing(cache, _gd_tail((0.003, 0.01, 0.03)), "tail", workers=1)
+    assert len(calls) == 4 and len(ms.cached_runs(cache)) == 6
 
 
 def test_cached_runs_are_kept_until_deleted_from_the_cache(tmp_path):
@@ -140,20 +140,23 @@ def test_cached_runs_are_kept_until_deleted_from_the_cache(tmp_path):
     file; then only that rule is computed again, and the other rules' runs are untouched."""
     path = tmp_path / "matrix_sensing_runs.json"
     planned = [r for r in ms.planned_runs("zoo", quick=True) if r["rule"] in ("adafactor", "gd")]
-    ms.RunCache(path).compute_missing(planned, "zoo", workers=1)
-    runs = json.loads(path.read_text())
-    for r in runs:
-        if r["rule"] == "adafactor":
-            r["recovery"] = 123.0  # stands for the result of the rule before its update changed
-    path.write_text(json.dumps(runs))
+    ms.compute_missing(ms.RunCache(path), planned, "zoo", workers=1)
+    records = json.loads(path.read_text())
+    for record in records.values():
+        for r in record["runs"]:
+            if r["rule"] == "adafactor":
+                r["recovery"] = 123.0  # stands for the result of the rule before its update changed
+    path.write_text(json.dumps(records))
     cache = ms.RunCache(path)
-    cache.compute_missing(planned, "zoo", workers=1)
-    assert [r["recovery"] for r in cache.select(planned) if r["rule"] == "adafactor"] == [123.0]
-    path.write_text(json.dumps([r for r in runs if r["rule"] != "adafactor"]))
+    ms.compute_missing(cache, planned, "zoo", workers=1)
+    assert [r["recovery"] for r in ms.select(cache, planned) if r["rule"] == "adafactor"] == [123.0]
+    path.write_text(json.dumps({k: rec for k, rec in records.items()
+                                if all(r["rule"] != "adafactor" for r in rec["runs"])}))
     cache = ms.RunCache(path)
-    cache.compute_missing(planned, "zoo", workers=1)
-    assert [r["recovery"] for r in cache.select(planned) if r["rule"] == "adafactor"] != [123.0]
-    assert [r for r in cache.runs if r["rule"] == "gd"] == [r for r in runs if r["rule"] == "gd"]
+    ms.compute_missing(cache, planned, "zoo", workers=1)
+    assert [r["recovery"] for r in ms.select(cache, planned) if r["rule"] == "adafactor"] != [123.0]
+    gd = [r for rec in records.values() for r in rec["runs"] if r["rule"] == "gd"]
+    assert [r for r in ms.cached_runs(cache).values() if r["rule"] == "gd"] == gd
 
 
 def test_the_committed_tables_rebuild_from_the_committed_run_cache(tmp_path, monkeypatch):
