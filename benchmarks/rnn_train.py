@@ -19,21 +19,23 @@ extended while the best rate sits at its edge):
 Biases that an optimizer hands to AdamW use lr 1e-3 throughout.
 
 Writes benchmarks/results/rnn_train.{md,json,png}; JSON: optimizers -> name -> lr, loss_final_mean,
-loss_final_std, steps_to_target_mean, ms_per_step (plus the grids and per-seed numbers).
+loss_final_std, steps_to_target_mean, ms_per_step (plus the grids and per-seed numbers). Every run goes to
+a run cache, rnn_train_runs.json beside them (benchmarks/harness.py), so an interrupted invocation
+continues where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
+
+from benchmarks.harness import RunCache, run_pool, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +93,11 @@ def make_optimizers(name: str, model: torch.nn.Module, lr: float) -> list[torch.
     raise ValueError(name)
 
 
+def _run_job(job: dict) -> dict:
+    """One run of the harness's pool."""
+    return run(job["job"])
+
+
 def run(job: tuple) -> dict:
     """One training run; returns the eval curve, the final loss and the time per step."""
     name, lr, seed, steps, length, hidden, batch = job
@@ -132,30 +139,33 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    from symo.train.progress import progress as tqdm
-
     shape = (args.steps, args.length, args.hidden, args.batch)
+    out = ROOT / "benchmarks" / "results"
+    cache = RunCache(out / "rnn_train_runs.json")
+
+    def runs_of(wanted: list[tuple[str, float, int]], desc: str) -> list[dict]:
+        jobs = [{"key": f"{k}/lr{lr!r}/seed{seed}/" + "x".join(map(str, shape)), "job": (k, lr, seed, *shape)}
+                for k, lr, seed in wanted]
+        return run_pool(_run_job, jobs, cache, args.workers, desc)
+
     grids = {k: list(v) for k, v in GRIDS.items()}
     tuning: dict[str, dict[float, dict]] = {k: {} for k in grids}
-    with ProcessPoolExecutor(args.workers) as pool:
-        todo = [(k, lr) for k, v in grids.items() for lr in v]
-        while todo:  # tune on seed 0; extend a grid while its best rate is at an edge
-            jobs = [(k, lr, 0, *shape) for k, lr in todo]
-            for r in tqdm(pool.map(run, jobs), total=len(jobs), desc="lr tuning"):
-                tuning[r["name"]][r["lr"]] = r
-            todo = []
-            for k in grids:
-                lrs = sorted(tuning[k])
-                best = min(lrs, key=lambda lr: tuning[k][lr]["final"])
-                if best == lrs[0] and len(lrs) < 8:
-                    todo.append((k, lrs[0] / 3))
-                elif best == lrs[-1] and len(lrs) < 8:
-                    todo.append((k, lrs[-1] * 3))
-        chosen = {k: min(tuning[k], key=lambda lr: tuning[k][lr]["final"]) for k in grids}
-        jobs = [(k, chosen[k], s, *shape) for k in grids for s in range(1, args.seeds)]
-        runs = {k: [tuning[k][chosen[k]]] for k in grids}
-        for r in tqdm(pool.map(run, jobs), total=len(jobs), desc="seeds"):
-            runs[r["name"]].append(r)
+    todo = [(k, lr) for k, v in grids.items() for lr in v]
+    while todo:  # tune on seed 0; extend a grid while its best rate is at an edge
+        for r in runs_of([(k, lr, 0) for k, lr in todo], "lr tuning"):
+            tuning[r["name"]][r["lr"]] = r
+        todo = []
+        for k in grids:
+            lrs = sorted(tuning[k])
+            best = min(lrs, key=lambda lr: tuning[k][lr]["final"])
+            if best == lrs[0] and len(lrs) < 8:
+                todo.append((k, lrs[0] / 3))
+            elif best == lrs[-1] and len(lrs) < 8:
+                todo.append((k, lrs[-1] * 3))
+    chosen = {k: min(tuning[k], key=lambda lr: tuning[k][lr]["final"]) for k in grids}
+    runs = {k: [tuning[k][chosen[k]]] for k in grids}
+    for r in runs_of([(k, chosen[k], s) for k in grids for s in range(1, args.seeds)], "seeds"):
+        runs[r["name"]].append(r)
 
     summary = {}
     for k, rs in runs.items():
@@ -174,13 +184,10 @@ def main() -> None:
         }
     command = ("python -m benchmarks.rnn_train " + f"--steps {args.steps} --length {args.length} "
                f"--hidden {args.hidden} --batch {args.batch} --seeds {args.seeds} --workers {args.workers}")
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "rnn_train.json").write_text(json.dumps({
-        "task": "adding problem", "target_loss": TARGET, "command": command,
-        "steps": args.steps, "length": args.length, "hidden": args.hidden, "batch": args.batch,
-        "seeds": args.seeds, "optimizers": summary,
-        "curves": {k: [r["curve"] for r in rs] for k, rs in runs.items()}}, indent=1) + "\n")
+    data = {"task": "adding problem", "target_loss": TARGET, "command": command,
+            "steps": args.steps, "length": args.length, "hidden": args.hidden, "batch": args.batch,
+            "seeds": args.seeds, "optimizers": summary,
+            "curves": {k: [r["curve"] for r in rs] for k, rs in runs.items()}}
     lines = [f"Command: `{command}`", "",
              f"Adding problem, tanh RNN (hidden {args.hidden}), sequence length {args.length}, batch "
              f"{args.batch}, {args.steps} steps, {args.seeds} seeds; eval MSE on 512 fixed sequences "
@@ -196,7 +203,7 @@ def main() -> None:
     for k, s in summary.items():
         lines.append(f"- {k}: " + ", ".join(f"{lr}: {v:.4f}" for lr, v in s["lr_grid"].items()))
     text = "\n".join(lines)
-    (out / "rnn_train.md").write_text(text + "\n")
+    write_results(out, "rnn_train", text, data)
     print(text)
     try:
         import matplotlib
