@@ -9,20 +9,19 @@ training, full batch, float32, deterministic. The twin multiplies each head's ro
 the same Haar-orthogonal A_h (a true symmetry: q.k is unchanged), so any drift between the twins is
 the optimizer's doing. Controls: the identity twin (zero drift; run for the Adam arm) and a noise twin
 (N(0, 1e-7^2) added to W_Q, W_K). Arms: Adam, heavy-ball SGD, shared-scalar Adam, Muon, and Symo with
-the per-head gauge spec specs/mod_add_qk_gauge.toml (ours).
+the per-head gauge spec specs/mod_add_qk_gauge.toml (ours). Each finished arm goes to a run cache,
+gauge_twins_runs.json beside the outputs (benchmarks/harness.py): an invocation trains only the arms it
+lacks.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
-import os
 import sys
 import tempfile
 import time
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import symo
+from benchmarks.harness import RunCache, RunPool, write_results
 from symo.experiments import zoo
 from symo.train.progress import progress as tqdm
 
@@ -213,8 +213,9 @@ def run_arm(arm: str, steps: int = 1500, twin_seeds: tuple[int, ...] = TWIN_SEED
     return {"arm": arm, **rec}
 
 
-def _task(args):
-    return run_arm(*args)
+def _task(job: dict) -> dict:
+    """One arm, in a worker of the harness's pool."""
+    return run_arm(*job["task"])
 
 
 def render_md(data: dict, command: str) -> str:
@@ -292,26 +293,19 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = tuple(int(x) for x in args.twin_seeds.split(","))
     if args.quick and args.twin_seeds == ",".join(str(x) for x in TWIN_SEEDS):
         seeds = TWIN_SEEDS[:1]
-    tasks = [(a, steps, seeds) for a in arms]
     out.mkdir(parents=True, exist_ok=True)
     data: dict = {}
 
-    def save(result: dict) -> None:  # after every arm, so a cut-short run still leaves its finished arms
-        data[result.pop("arm")] = result
+    def save(job: dict, result: dict) -> None:  # after every arm, so a cut-short run still leaves its finished arms
+        data[result["arm"]] = {k: v for k, v in result.items() if k != "arm"}
         ordered = {a: data[a] for a in arms if a in data}
-        tmp = out / "gauge_twins.json.tmp"
-        tmp.write_text(json.dumps(ordered, indent=1))
-        os.replace(tmp, out / "gauge_twins.json")
-        (out / "gauge_twins.md").write_text(render_md(ordered, command))
+        write_results(out, "gauge_twins", render_md(ordered, command), ordered)
         plot(ordered, out / "gauge_twins.png")
 
-    if args.workers <= 1:
-        for t in tqdm(tasks, desc="twins"):
-            save(_task(t))
-    else:
-        with get_context("spawn").Pool(args.workers) as pool:
-            for r in tqdm(pool.imap_unordered(_task, tasks), total=len(tasks), desc="twins"):
-                save(r)
+    pool = RunPool(_task, RunCache(out / "gauge_twins_runs.json"), workers=args.workers, desc="twins")
+    for a in arms:
+        pool.submit({"key": f"{a}/steps{steps}/twins{','.join(map(str, seeds))}", "task": (a, steps, seeds)})
+    pool.run(save)
     print(f"{time.time() - t0:.0f} s")
     print((out / "gauge_twins.md").read_text())
     return {a: data[a] for a in arms}

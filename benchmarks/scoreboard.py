@@ -28,7 +28,11 @@ def _split(values: dict[str, float]) -> tuple[tuple[str, float], tuple[str, floa
 
 def _losses(path: str, pick: Callable[[dict], dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
     file = RESULTS / path
-    return pick(json.loads(file.read_text())) if file.exists() else {}
+    if not file.exists():
+        return {}
+    data = json.loads(file.read_text())
+    data.pop("machine", None)  # what the harness's writer adds beside the results
+    return pick(data)
 
 
 def _train_mlp(d: dict) -> dict[str, dict[str, float]]:
