@@ -140,8 +140,9 @@ def generate_templated(plan: TemplatePlan, key: str) -> GeneratedCode:
     if trivial is not None:
         src.add(f"    _zt = z[{trivial!r}]", f"    _o = {rest_mult}")
     src.add("    out = {}")
+    shared = frozenset({rest_trivial.id} if rest_trivial is not None else ())  # members add rows to it
     for i, p in enumerate(plan.rest.params):
-        scatter_param(src, p, rest_comps, block_variables(i), f"out[{p.name!r}]", PIECES)
+        scatter_param(src, p, rest_comps, block_variables(i), f"out[{p.name!r}]", PIECES, partial=shared)
     for f, (family, rep) in enumerate(zip(plan.families, reps)):
         comps = components_by_block(rep.blocks)
         src.add(f"    for _p, _ids, {_targets(family, loop=True)} in _F{f}_RUN:")

@@ -198,9 +198,10 @@ def from_rows(rows: str, groups: tuple[tuple, tuple, tuple]) -> str:
     return f"{rows}.reshape({shape(groups[0] + groups[1] + groups[2])})"
 
 
-def rows_of(zvar: str, ib: IsotypicBlock, c: Any) -> str:
-    """The component's rows of Z_block: the whole block when it is the only component."""
-    if len(ib.components) == 1:
+def rows_of(zvar: str, ib: IsotypicBlock, c: Any, partial: bool = False) -> str:
+    """The component's rows of Z_block: the whole block when it is the only component and `zvar` holds
+    no other rows (`partial`: it does, as the trivial block shared with families of layers)."""
+    if len(ib.components) == 1 and not partial:
         return zvar
     start = code(c.row_offset)
     if start == "0":
@@ -271,13 +272,14 @@ def gather_param(src: Source, p: Any, comps: dict, ys: dict[str, list[str]], ten
 
 
 def scatter_param(src: Source, p: Any, comps: dict, var_of: Callable[[int], str], target: str,
-                  maps: ComponentMaps, indent: str = "    ") -> None:
+                  maps: ComponentMaps, indent: str = "    ", partial: frozenset[str] = frozenset()) -> None:
     """scatter's lines for one parameter: each block as the sum of its components' parts (from the
-    z_<block id> variables), then the blocks assembled into `target` (code)."""
+    z_<block id> variables), then the blocks assembled into `target` (code). `partial`: the ids of
+    blocks whose z variable holds rows of components not listed in `comps`."""
     cuts = segments(p)
     single = len(p.blocks) == 1
     for b in p.blocks:
-        parts = [maps.scatter(rows_of(f"z_{ib.id}", ib, c), c) for ib, c in comps[(p.name, b.index)]]
+        parts = [maps.scatter(rows_of(f"z_{ib.id}", ib, c, ib.id in partial), c) for ib, c in comps[(p.name, b.index)]]
         expr = " + ".join(t for t, _ in parts)  # each part is a call or a parenthesised product
         if not any(full for _, full in parts):  # every part has an axis of size 1: broadcast it
             expr = f"({expr}).expand({shape(symbol(a.symbol) for a in b.atoms)})"

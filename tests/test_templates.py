@@ -47,6 +47,21 @@ e = { group = "perm" }
 """
 
 
+# a parameter outside the families (fc1.weight) alone in the trivial block, beside a family (fc1.bias and
+# fc3.bias, free axes only) whose members add their rows to it
+LONE_IN_TRIVIAL = """
+[spaces]
+h2 = { group = "signed_perm" }
+[params]
+"fc1.weight" = ["_", "_"]
+"fc1.bias" = ["_"]
+"fc2.weight" = ["h2", "_"]
+"fc2.bias" = ["h2"]
+"fc3.weight" = ["_", "h2"]
+"fc3.bias" = ["_"]
+"""
+
+
 def mixed_shapes(widths: tuple[int, ...] = (2, 3, 1, 2)) -> dict:
     shapes = {"embed.weight": (2, 2)}
     for i, w in enumerate(widths):
@@ -195,6 +210,13 @@ def test_symo_steps_equal_per_layer_code(beta2: float) -> None:
         update = (final[1][name] - p0).norm()
         assert update > 0, name
         torch.testing.assert_close(final[0][name], final[1][name], rtol=0, atol=1e-12 * max(1.0, update.item()))
+
+
+def test_a_parameter_alone_in_the_trivial_block_beside_a_family() -> None:
+    shapes = {"fc1.weight": (4, 3), "fc1.bias": (4,), "fc2.weight": (5, 4), "fc2.bias": (5,), "fc3.weight": (2, 5),
+              "fc3.bias": (2,)}
+    looped, per_layer = both(LONE_IN_TRIVIAL, shapes)
+    assert_same_results(looped, per_layer, shapes)
 
 
 def test_template_code_does_not_grow_with_depth() -> None:
