@@ -12,24 +12,25 @@ full-batch gradient alone (the paper's single-gradient estimate), Symo-taylor (S
 group), Shampoo (two-sided), K-FAC (empirical Fisher factors), Adam's diagonal sqrt(v), identity.
 
     python -m benchmarks.hessian_cosine            # ~20 min on 2 busy cores; --quick for a smoke run
+
+Every run goes to a run cache, hessian_cosine_runs.json beside the outputs (benchmarks/harness.py): an
+invocation trains only the runs it lacks.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
 import symo
 from benchmarks import mlp_common as mc
+from benchmarks.harness import RunCache, run_pool, write_results
 from symo import hessian
-from symo.train.progress import progress as tqdm
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DAMPING = 1e-3          # relative damping of both inverses in the Newton cosine
@@ -61,6 +62,11 @@ class SymoStream:
 
     def average(self):
         return self.s / (1 - self.beta ** self.steps)
+
+
+def _run_job(job: dict) -> dict:
+    """One run of the harness's pool."""
+    return run_one(*job["args"])
 
 
 def run_one(task: str, label: str, sizes: tuple[int, ...], act: str, seed: int, steps: int,
@@ -163,7 +169,7 @@ def summarise(runs: list[dict], points: list[str]) -> dict:
     return results
 
 
-def write_markdown(results: dict, meta: dict, path: Path) -> None:
+def markdown(results: dict, meta: dict) -> str:
     pts = meta["points"]
     lines = ["# Hessian cosine: curvature estimates against the true Hessian", "",
              f"Command: `{meta['command']}`  ", f"Seeds {meta['seeds']}; Adam-trained for {meta['steps']} steps "
@@ -204,7 +210,7 @@ def write_markdown(results: dict, meta: dict, path: Path) -> None:
                         row.append(mc.fmt(*v, digits_=2) if v else "-")
                 lines.append(f"| {k} | {e['factor_entries']:,} | " + " | ".join(row) + " |")
             lines.append("")
-    path.write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 def plot(results: dict, meta: dict, path: Path) -> None:
@@ -245,24 +251,20 @@ def main() -> None:
     if args.quick:
         steps, seeds, models = 60, 1, [MODELS[0], MODELS[4]]
     points = {"early": max(1, steps // 50), "middle": max(2, steps * 3 // 20), "late": steps}
-    jobs = [(t, lab, s, a, seed, steps, points) for t, lab, s, a in models for seed in range(seeds)]
+    jobs = [{"key": f"{t}/{lab}/{'x'.join(map(str, s))}/{a}/seed{seed}/steps{steps}/"
+                    + ",".join(f"{k}{v}" for k, v in points.items()), "args": (t, lab, s, a, seed, steps, points)}
+            for t, lab, s, a in models for seed in range(seeds)]
     t0 = time.time()
-    runs = []
-    with ProcessPoolExecutor(args.workers) as pool:
-        futures = [pool.submit(run_one, *j) for j in jobs]
-        for f in tqdm(futures, desc="hessian_cosine runs"):
-            runs.append(f.result())
+    out = Path(args.out)
+    name = "hessian_cosine" + ("_quick" if args.quick else "")
+    runs = run_pool(_run_job, jobs, RunCache(out / f"{name}_runs.json"), args.workers, "hessian_cosine runs")
     meta = {"command": "python -m benchmarks.hessian_cosine" + (" --quick" if args.quick else "")
             + (f" --seeds {args.seeds}" if args.seeds != 3 and not args.quick else "")
             + (f" --steps {args.steps}" if args.steps != 500 and not args.quick else ""),
             "seeds": list(range(seeds)), "steps": steps, "points": points, "beta": BETA, "damping": DAMPING,
             "wall_s": time.time() - t0}
     results = summarise(runs, list(points))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "hessian_cosine" + ("_quick" if args.quick else "")
-    (out / f"{name}.json").write_text(json.dumps({"meta": meta, **results}, indent=1))
-    write_markdown(results, meta, out / f"{name}.md")
+    write_results(out, name, markdown(results, meta), {"meta": meta, **results})
     plot(results, meta, out / f"{name}.png")
     print((out / f"{name}.md").read_text())
 

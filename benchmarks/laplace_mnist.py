@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import statistics
 import sys
@@ -47,6 +46,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm import tqdm
 
+from benchmarks.harness import write_results
 from symo.laplace import SymoLaplace
 from symo.laplace.predictive import linearized_outputs
 from symo.train.data_mnist import load_mnist
@@ -228,8 +228,6 @@ def summarise(raw: dict) -> dict:
 
 
 def write(summary: dict, raw: dict, command: str, stem: str) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(summary | {"_config": raw["config"]}, indent=1))
     cfg = raw["config"]
     angles = [str(a) for a in cfg["angles"]]
     lines = [f"# Laplace approximations on MNIST: Symo-Laplace against laplace-torch {cfg['lt_version']}", "",
@@ -255,7 +253,7 @@ def write(summary: dict, raw: dict, command: str, stem: str) -> None:
         for name, s in summary.items():
             lines.append(f"| {name} | " + " | ".join(f"{s['rotated'][a][metric]:.3f}" for a in angles) + " |")
     lines += ["", f"Plot: `{stem}.png` (NLL and ECE against the rotation angle).", ""]
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines))
+    write_results(RESULTS, stem, "\n".join(lines), summary | {"_config": raw["config"]})
     try:
         import matplotlib
 

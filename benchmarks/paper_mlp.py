@@ -24,7 +24,6 @@ All rates are the paper's (SETTINGS), not tuned here, except symo_defaults'.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -35,6 +34,7 @@ from torch import nn
 from tqdm import tqdm
 
 import symo
+from benchmarks.harness import write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = (100, 70, 40)
@@ -334,8 +334,6 @@ def write(results: dict, linear_fit: dict[str, list[float]], meta: dict, out: Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "paper_mlp.json").write_text(json.dumps(results, indent=1))
     lines = ["# The paper's teacher-student experiment: 100-70-40 MLP, float32", "",
              f"Command: `{meta['command']}` ({meta['wall_s']:.0f} s, one torch thread, 2 shared CPU cores).", "",
              "Bias-free 100-70-40 MLP (tanh or identity), student and teacher weights N(0, 1/fan_in) (separate "
@@ -372,7 +370,7 @@ def write(results: dict, linear_fit: dict[str, list[float]], meta: dict, out: Pa
                   "", "`symo_defaults` learning-rate grid (seed 0, test loss after "
                   f"{meta['steps']} updates): " + ", ".join(f"{lr}: {v:.3g}" for lr, v in
                                                               res["symo_defaults"]["grid"].items()) + "."]
-    (out / "paper_mlp.md").write_text("\n".join(lines) + "\n")
+    write_results(out, "paper_mlp", "\n".join(lines), results)
 
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
     for ax, (act, res) in zip(axes[0], results.items()):
