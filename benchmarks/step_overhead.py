@@ -71,7 +71,7 @@ class Combo:
 
 
 def _per_layer(spec: str, model: torch.nn.Module):
-    """The spec compiled without templates: one copy of the code per layer, as before the loop over layers."""
+    """The spec compiled without templates (`templates=False`): one copy of the code per layer."""
     from symo.compiler import compile_spec, load_spec
 
     from symo import CompiledSpec

@@ -5,22 +5,18 @@
 - no imports inside functions, except optional heavy dependencies, each with a comment saying why;
 - no module inside the package imports the package root `symo` (the root is the façade, not a room);
 - no registration by import side effect: a module's top level holds imports, definitions and
-  assignments only (the root's lazy-import machinery is the one listed exception);
+  assignments only (the root's lazy attributes are the one listed exception);
 - `import symo` loads neither sympy nor networkx (nor torch).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
-
-import symo
 
 REPO = Path(__file__).resolve().parents[1]
 # package prefix -> room; a lower number is a lower room
@@ -178,8 +174,8 @@ def test_no_registration_by_import_side_effect(module: str) -> None:
             continue  # a docstring
         if isinstance(node, ast.If) and is_type_checking(node):
             continue
-        if module == "symo" and isinstance(node, (ast.AugAssign, ast.If, ast.Expr)):
-            continue  # the root: lazy attributes and the finder that keeps moved modules' old paths
+        if module == "symo" and isinstance(node, (ast.If, ast.Expr)):
+            continue  # the root: its lazy attributes
         if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
             continue  # run as a script
         bad.append(f"line {node.lineno}: {ast.unparse(node).splitlines()[0]}")
@@ -193,19 +189,3 @@ def test_import_symo_loads_no_sympy_networkx_or_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"import symo loaded {out.stdout.strip()}"
-
-
-@pytest.mark.parametrize("old", sorted(symo._MOVED))
-def test_a_moved_module_keeps_its_old_path_with_a_warning(old: str) -> None:
-    new = symo._MOVED[old]
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new) and module.__spec__.name == new
-    moved = [w for w in caught if issubclass(w.category, DeprecationWarning) and new in str(w.message)]
-    if old in symo._PUBLIC_ALIASES:
-        assert not moved, f"{old} is public: no warning"
-    else:
-        assert moved, f"{old}: no DeprecationWarning naming {new}"
-        assert f"`{old}` | `{new}`" in (REPO / "README.md").read_text(), f"the README's list lacks {old}"

@@ -227,16 +227,14 @@ def test_help_imports_no_heavy_module() -> None:
 
 
 def test_lazy_package_attributes() -> None:
-    """The lazy `symo` package gives the same objects as the modules; `symo.infer` stays the function."""
-    import importlib
-
-    importlib.import_module("symo.infer")  # binds the submodule on the package; symo.infer stays the function
+    """The lazy `symo` package gives the same objects as the modules; `symo.infer` is the package (its
+    function is `symo.infer.infer`, and `symo.infer_spec` the root's)."""
     from symo import optim
     from symo.runtime import compiled
 
-    assert symo.infer is sys.modules["symo.infer"].infer
+    assert symo.infer is sys.modules["symo.infer"] and symo.infer.infer.__name__ == "infer"
+    assert symo.infer_spec is symo.infer.infer_spec
     assert symo.Symo is optim.Symo and symo.CompiledSpec is compiled.CompiledSpec
-    assert callable(symo.infer) and symo.infer.__name__ == "infer"
     assert {"Symo", "infer", "compile", "models"} <= set(dir(symo))
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         symo.no_such_name  # noqa: B018

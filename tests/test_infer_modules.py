@@ -72,21 +72,3 @@ def test_operation_table_is_the_union_of_the_handler_modules() -> None:
 def test_tracer_without_handlers_is_refused() -> None:
     with pytest.raises(ValueError, match="handlers"):
         Tracer({})
-
-
-@pytest.mark.slow
-def test_old_module_paths_alias_the_new_modules_with_a_warning() -> None:
-    """symo.infer_trace and the other flat modules of before keep importing, as the same module objects."""
-    old = ["axes", "layout", "names", "ops", "ops_nn", "trace", "verify"]
-    code = ("import importlib, warnings\n"
-            f"for name in {old!r}:\n"
-            "    with warnings.catch_warnings(record=True) as caught:\n"
-            "        warnings.simplefilter('always')\n"
-            "        module = importlib.import_module('symo.infer_' + name)\n"
-            "    assert module is importlib.import_module('symo.infer.' + name), name\n"
-            "    assert any(w.category is DeprecationWarning and f'moved to symo.infer.{name}' in str(w.message)\n"
-            "               for w in caught), name\n"
-            "print('ok')\n")
-    done = _python(code)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"

@@ -1,7 +1,7 @@
 """Spec inference: a model's weight-space symmetry spec from the nn.Module, verified numerically.
 
     spec = symo.infer_spec(model, example_inputs)        # a Spec
-    result = symo.infer(model, example_inputs)           # + the verification report
+    result = symo.infer.infer(model, example_inputs)     # + the verification report
     checks = symo.check_spec(spec, model)                # does a given spec hold for this model?
 
 Room 3 of docs/architecture.md: imports only from `symo.compiler` (room 0) and `symo.runtime` (room 1).

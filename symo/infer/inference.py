@@ -1,7 +1,7 @@
 """Infer a model's weight-space symmetry spec from the nn.Module, and verify which symmetries are true.
 
     spec = symo.infer_spec(model, example_inputs)        # a Spec; spec.to_toml() is a file to commit
-    result = symo.infer(model, example_inputs)           # + the verification report
+    result = symo.infer.infer(model, example_inputs)     # + the verification report
     print(result.report())
 
 Pipeline: trace one forward pass (trace.py, with the operation table of handlers.py) -> axis graph

@@ -7,9 +7,9 @@ Written from the published algorithm (Keller Jordan, github.com/KellerJordan/Muo
     u <- NS5(u) * sqrt(max(1, rows / cols)) ;  W <- (1 - lr wd) W - lr u
 
 NS5: X = u / (||u||_F + 1e-7), transposed when tall, five steps of X <- a X + (b A + c A^2) X with
-A = X X^T and (a, b, c) = (3.4445, -4.7750, 2.0315): the library's one implementation,
-`symo.runtime.linalg.newton_schulz` with `MUON_COEFFS`. The published code runs NS5 in bfloat16 on GPU;
-here it runs in float32. Embeddings, the (tied) output head, LayerNorm gains and biases go to AdamW.
+A = X X^T and (a, b, c) = (3.4445, -4.7750, 2.0315), which is `symo.runtime.linalg.newton_schulz` with
+`MUON_COEFFS`. The published code runs NS5 in bfloat16 on GPU; here it runs in float32. Embeddings, the
+(tied) output head, LayerNorm gains and biases go to AdamW.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 `RNN`: h_t = act(W_ih x_t + W_hh h_{t-1} + b_h), y = W_hy h_T + b_y. Permuting hidden units (perm)
 is a true symmetry for every elementwise activation, permuting and flipping signs (signed_perm) for
-odd ones such as tanh; W_hh moves as P W_hh P^T, so the hidden space occurs twice (a repeated space, docs/repeated_spaces.md).
+odd ones such as tanh; W_hh moves as P W_hh P^T, so the hidden space occurs twice (a repeated space,
+docs/repeated_spaces.md).
 `TiedRNN`: a language model whose embedding E (vocab x hidden) is both the input lookup and the
 output layer (logits = h_t E^T + b_y).
 """
