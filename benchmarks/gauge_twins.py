@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     pool = RunPool(_task, RunCache(out / "gauge_twins_runs.json"), workers=args.workers, desc="twins")
     for a in arms:
-        pool.submit({"key": f"{a}/steps{steps}/twins{','.join(map(str, seeds))}", "task": (a, steps, seeds)})
+        pool.submit({"key": f"{a}|steps={steps}|twins={','.join(map(str, seeds))}", "task": (a, steps, seeds)})
     pool.run(save)
     print(f"{time.time() - t0:.0f} s")
     print((out / "gauge_twins.md").read_text())

@@ -119,8 +119,8 @@ def _task(job: dict) -> dict:
 
 def run_key(r: dict) -> str:
     """A run's key in the cache: rule, rate, seed, density, pixels and step cap."""
-    return (f"{r['rule']}/lr{float(r['lr'])!r}/seed{r['seed']}/density{r['density']}/px{r['n_pixels']}"
-            f"/steps{r['max_steps']}")
+    return (f"{r['rule']}|lr={float(r['lr'])!r}|seed={r['seed']}|density={r['density']}|pixels={r['n_pixels']}"
+            f"|steps={r['max_steps']}")
 
 
 def fetch(cache: RunCache, tasks: list[dict], desc: str, workers: int) -> list[dict]:

@@ -137,6 +137,8 @@ PLACEHOLDER = re.compile(r"(^|/)NAME(\.|$)")
 MOVED_PENDING = {
     "symo/optim.py": "the mutation results (benchmarks/results/mutation.*, docs/testing.md) were measured on the "
                      "optimizer when it was this one file, before the split into symo/optim/",
+    "benchmarks/results/nanogpt_matrix.*": "where benchmarks/nanogpt_matrix.py writes; its campaign's results are "
+                                           "committed when it finishes",
 }
 
 
@@ -188,7 +190,8 @@ def test_tracked_files_stay_inside_the_repository() -> None:
             continue
         if path != Path(__file__).resolve():
             problems += [(name, m.group(0)) for m in OUTSIDE.finditer(text)]
-            problems += [(name, md) for md in MD_NAME.findall(text) if md not in md_names]
+            problems += [(name, md) for md in MD_NAME.findall(text)
+                         if md not in md_names and not PLACEHOLDER.search(md)]
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
             if target.startswith(("http:", "https:", "/")):
                 problems.append((name, target))
