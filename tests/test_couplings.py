@@ -36,7 +36,7 @@ def test_gpt_heads_couple_within_a_layer_only():
 
 
 def test_summarized_names_fold_layer_indices():
-    from symo.runtime.compiled import summarize_names
+    from symo.runtime.text import summarize_names
 
     names = [f"h.{i}.ln.weight" for i in range(3)] + ["wte.weight", "h.5.x", "h.7.x"]
     assert summarize_names(names) == "h.{0..2}.ln.weight, wte.weight, h.{5,7}.x"

@@ -16,7 +16,8 @@ from pathlib import Path
 from ..compiler import SpecError, load_spec, shapes_of
 from ..infer import check_spec, infer
 from ..optim import Symo
-from ..runtime.compiled import compile, fit_lines
+from ..runtime.compiled import compile
+from ..runtime.text import fit_lines
 from .common import _load_factory, _parse_shapes, _parse_sizes
 
 __all__ = ["check_command", "compile_command", "infer_command", "params_command"]

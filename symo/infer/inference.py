@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..compiler import BoundSpec, Spec, SpecError, bind, load_spec, shapes_of
-from ..runtime.compiled import summarize_names
+from ..runtime.text import summarize_names
 from .handlers import new_tracer
 from .layout import Dropped, Layout, Space, build_layout, is_free
 from .names import _join, build_spec, name_spaces

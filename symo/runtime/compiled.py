@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,11 @@ from typing import Any
 import torch
 
 from ..compiler import GeneratedModule, Spec, compile_spec, load_spec
+from . import describe as reports
 from .curvature import Curvature
+
+# symo.optim.report imports these from here
+from .text import fit_lines, summarize_names  # noqa: F401
 
 Tensors = Mapping[str, torch.Tensor]
 
@@ -178,49 +181,14 @@ class CompiledSpec:
             out[name] = new
         return out
 
-    # ------------------------------------------------------------ reports
+    # ------------------------------------------------------------ reports (symo/runtime/describe.py)
     def memory(self) -> dict[str, int]:
         """Numbers stored: EMA factors, single-gradient roots, dense P x P, and Shampoo's factors."""
-        p = sum(math.prod(s) for s in self.shapes.values())
-        shampoo = sum(sum(n * n for n in s) for s in self.shapes.values())
-        return {
-            "params": p,
-            "factors": sum(b.batch * b.mult * b.mult for b in self.blocks),
-            "single_gradient": sum(b.batch * b.mult * min(b.mult, b.width) for b in self.blocks),
-            "dense": p * p,
-            "shampoo": shampoo,
-        }
+        return reports.memory(self)
 
     def describe(self) -> str:
-        """A human-readable report of the blocks, memory and uncovered parameters (the CLI prints it);
-        lines fit in `REPORT_WIDTH` columns. Its terms are explained in docs/theory.md."""
-        lines = [f"spec {self.name!r}: {len(self.param_names)} covered parameters, {len(self.uncovered)} uncovered; "
-                 f"{len(self.blocks)} isotypic blocks", f"  file: {self.spec_file}"]
-        label_width = min(max([len(b.name) for b in self.blocks] + [5]), 30)
-        lines.append(f"  {'block':<5} {'label':<{label_width}} {'batch':>5} {'mult':>6} {'width':>6} {'dim':>7}  "
-                     "parameters")
-        for b in self.blocks:
-            row = f"  {b.id:<5} {b.name:<{label_width}} {b.batch:>5} {b.mult:>6} {b.width:>6} {b.dim:>7}  "
-            params = textwrap.wrap(compact_names(b.params), max(REPORT_WIDTH - len(row), 40),
-                                   break_on_hyphens=False) or [""]
-            lines.append(row + params[0])
-            lines += [" " * len(row) + more for more in params[1:]]  # continuation under the column
-        coupled = [(sp, ps) for sp, ps in self.couplings if len(ps) > 1]
-        if coupled:
-            lines.append(f"coupled by shared spaces ({len(coupled)} group{'s' if len(coupled) != 1 else ''} "
-                         "of parameters):")
-            lines += [f"  {{{summarize_names(ps)}}} via {', '.join(sp)}" for sp, ps in coupled[:4]]
-            if len(coupled) > 4:
-                lines.append(f"  ... {len(coupled) - 4} more")
-        m = self.memory()
-        lines.append(f"memory (numbers): factors {m['factors']:,} | dense S {m['dense']:,} "
-                     f"({m['dense'] / max(m['factors'], 1):,.0f}x more) | Shampoo {m['shampoo']:,} "
-                     f"({m['shampoo'] / max(m['factors'], 1):.2f}x Symo's)")
-        if self.uncovered:
-            lines.append("uncovered (not curvature-preconditioned): " + summarize_names(self.uncovered))
-        lines.append(TERMS_NOTE)
-        lines.append(f"generated code: {self.source_path or '(memory only)'} [{self.from_cache}]")
-        return fit_lines(lines)
+        """A human-readable report of the blocks, memory and uncovered parameters (the CLI prints it)."""
+        return reports.describe(self)
 
     def same_binding(self, other: CompiledSpec) -> bool:
         """Same source and same sizes: curvatures of the two can be added."""
@@ -229,58 +197,6 @@ class CompiledSpec:
 
     def __repr__(self) -> str:
         return f"CompiledSpec({self.name!r}, params={len(self.param_names)}, blocks={len(self.blocks)})"
-
-
-REPORT_WIDTH = 120
-TERMS_NOTE = ("terms: label = the block's irreducible pieces nat / std (triv pieces are omitted), batch = heads, "
-              "mult x width = the shape of Y, dim = the irrep dimension d; see docs/theory.md")
-
-
-def fit_lines(lines: list[str], width: int = REPORT_WIDTH) -> str:
-    """Join report lines, wrapping any longer than `width` columns onto indented continuation lines."""
-    out = []
-    for line in lines:
-        if len(line) <= width:
-            out.append(line)
-            continue
-        indent = " " * (len(line) - len(line.lstrip()) + 4)
-        out += textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [line[:width]]
-    return "\n".join(out)
-
-
-def compact_names(names) -> str:
-    """Names sharing all but their last component folded: transformer.h.0.attn.c_attn.{weight, bias}."""
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        head, _, last = name.rpartition(".")
-        groups.setdefault(head, []).append(last)
-    return ", ".join(f"{head}.{parts[0]}" if len(parts) == 1 and head else parts[0] if len(parts) == 1
-                     else f"{head}.{{{', '.join(parts)}}}" if head else ", ".join(parts)
-                     for head, parts in groups.items())
-
-
-def summarize_names(names) -> str:
-    """Parameter names with numeric components folded: transformer.h.{0..11}.ln_1.weight."""
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        parts = name.split(".")
-        digits = [i for i, p in enumerate(parts) if p.isdecimal()]  # "1²" is a digit but no int
-        if len(digits) != 1:
-            groups.setdefault(name, [])
-            continue
-        i = digits[0]
-        groups.setdefault(".".join(parts[:i] + ["{}"] + parts[i + 1:]), []).append(parts[i])
-    out = []
-    for pattern, indices in groups.items():
-        if not indices:
-            out.append(pattern)
-        elif len(indices) == 1:
-            out.append(pattern.replace("{}", indices[0]))
-        else:
-            nums = sorted(map(int, indices))
-            span = f"{nums[0]}..{nums[-1]}" if nums == list(range(nums[0], nums[-1] + 1)) else ",".join(map(str, nums))
-            out.append(pattern.replace("{}", "{" + span + "}"))
-    return ", ".join(out)
 
 
 def check_finite_tensors(tensors: Tensors, names: list[str]) -> None:
