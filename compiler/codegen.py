@@ -19,24 +19,7 @@ generated module serves every width, and only loading binds the sizes.
 
 from __future__ import annotations
 
-from .emit import (
-    STD_HELPER,
-    GeneratedCode,
-    Source,
-    block_meta,
-    code,
-    components_by_block,
-    define_offsets,
-    dims,
-    from_rows,
-    gather_function,
-    gather_param,
-    header,
-    read_sizes,
-    scatter_header,
-    scatter_param,
-    to_rows,
-)
+from .emit import STD_HELPER, GeneratedCode, code, dims, from_rows, per_parameter_module, to_rows
 from .structure import STD, TRIV, Component, IsotypicBlock, Structure
 
 
@@ -79,31 +62,4 @@ PIECES = PieceMaps()
 
 
 def generate(structure: Structure, key: str) -> GeneratedCode:
-    bound = structure.bound
-    comps = components_by_block(structure.blocks)
-    src = Source()
-    src.add(*header(key, "layer by layer"))
-    read_sizes(src, bound.sizes)
-    define_offsets(src, structure.blocks)
-    src.add("", "", *STD_HELPER, "", "", "BLOCKS = [")
-    src.add(*[f"    {block_meta(ib, PIECES)!r}," for ib in structure.blocks])
-    src.add("]", "", "")
-
-    def body(ys: dict[str, list[str]]) -> None:
-        for i, p in enumerate(bound.params):
-            gather_param(src, p, comps, ys, f"t[{p.name!r}]", block_variables(i), PIECES)
-
-    gather_function(src, structure.blocks, body)
-    scatter_header(src)
-    for ib in structure.blocks:
-        src.add(f"    z_{ib.id} = z[{ib.id!r}]")
-    src.add("    out = {}")
-    for i, p in enumerate(bound.params):
-        scatter_param(src, p, comps, block_variables(i), f"out[{p.name!r}]", PIECES)
-    src.add("    return out", "")
-    return GeneratedCode(key=key, source=src.text())
-
-
-def block_variables(position: int, prefix: str = "b"):
-    """Names of a parameter's blocks in the generated code: b<parameter position>_<block index>."""
-    return lambda index: f"{prefix}{position}_{index}"
+    return GeneratedCode(key=key, source=per_parameter_module(structure, key, "layer by layer", PIECES, STD_HELPER))

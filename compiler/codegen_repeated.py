@@ -17,23 +17,7 @@ import re
 
 import sympy
 
-from .codegen import block_variables
-from .emit import (
-    GeneratedCode,
-    Source,
-    block_meta,
-    code,
-    components_by_block,
-    define_offsets,
-    from_rows,
-    gather_function,
-    gather_param,
-    header,
-    read_sizes,
-    scatter_header,
-    scatter_param,
-    to_rows,
-)
+from .emit import GeneratedCode, code, from_rows, per_parameter_module, to_rows
 from .repeated import PairPiece, RepeatedComponent
 from .structure import NAT, STD, TRIV, IsotypicBlock, Structure
 
@@ -234,29 +218,7 @@ PAIRS = PairMaps()
 
 
 def generate_repeated(structure: Structure, key: str) -> GeneratedCode:
-    bound = structure.bound
-    comps = components_by_block(structure.blocks)
-    src = Source()
-    src.add(*header(key, "repeated spaces"))
-    read_sizes(src, bound.sizes)
-    define_offsets(src, structure.blocks)
-    src.add("", "", _HELPERS_HERE, "", "", "BLOCKS = [")
-    src.add(*[f"    {block_meta(ib, PAIRS)!r}," for ib in structure.blocks])
-    src.add("]", "", "")
-
-    def body(ys: dict[str, list[str]]) -> None:
-        for i, p in enumerate(bound.params):
-            gather_param(src, p, comps, ys, f"t[{p.name!r}]", block_variables(i), PAIRS)
-
-    gather_function(src, structure.blocks, body)
-    scatter_header(src)
-    for ib in structure.blocks:
-        src.add(f"    z_{ib.id} = z[{ib.id!r}]")
-    src.add("    out = {}")
-    for i, p in enumerate(bound.params):
-        scatter_param(src, p, comps, block_variables(i), f"out[{p.name!r}]", PAIRS)
-    src.add("    return out", "")
-    text = src.text()
+    text = per_parameter_module(structure, key, "repeated spaces", PAIRS, [_HELPERS_HERE])
     return GeneratedCode(key=key, source=text.replace(_HELPERS_HERE, used_helpers(text)))
 
 

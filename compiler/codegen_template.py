@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import re
 
-from .codegen import PIECES, block_variables
+from .codegen import PIECES
 from .emit import (
     STD_HELPER,
     Code,
     GeneratedCode,
     Source,
     block_meta,
+    block_variables,
     code,
     components_by_block,
     define_offsets,

@@ -317,17 +317,41 @@ def assemble(p: Any, var_of: Callable[[int], str]) -> str:
     return build(0, flat)
 
 
-def gather_function(src: Source, blocks: Sequence[IsotypicBlock], body: Callable[[dict[str, list[str]]], None]) -> None:
-    """`def gather(t)` for a per-parameter layout: `body` writes the parameters' lines, filling ys."""
-    src.scope = "gather"
-    src.add("def gather(t):", '    """{param: tensor} -> {block id: Y (batch, mult, width)}."""')
-    ys: dict[str, list[str]] = {ib.id: [] for ib in blocks}
-    body(ys)
-    src.add("    return {")
-    src.add(*[f"        {ib.id!r}: {joined(ys[ib.id])},  # d = {ib.dim}" for ib in blocks])
-    src.add("    }", "", "")
+def block_variables(position: int, prefix: str = "b") -> Callable[[int], str]:
+    """Names of a parameter's blocks in the generated code: b<parameter position>_<block index>."""
+    return lambda index: f"{prefix}{position}_{index}"
 
 
 def scatter_header(src: Source) -> None:
     src.scope = "scatter"
     src.add("def scatter(z):", '    """{block id: Z (batch, mult, width)} -> {param: tensor}; gather\'s transpose."""')
+
+
+def per_parameter_module(structure: Any, key: str, kind: str, maps: ComponentMaps, helpers: Sequence[str]) -> str:
+    """The source of a module in which every parameter has code of its own (no loops over layers):
+    the header, the size reads, `helpers` (lines), BLOCKS, gather and scatter."""
+    bound = structure.bound
+    comps = components_by_block(structure.blocks)
+    src = Source()
+    src.add(*header(key, kind))
+    read_sizes(src, bound.sizes)
+    define_offsets(src, structure.blocks)
+    src.add("", "", *helpers, "", "", "BLOCKS = [")
+    src.add(*[f"    {block_meta(ib, maps)!r}," for ib in structure.blocks])
+    src.add("]", "", "")
+    src.scope = "gather"
+    src.add("def gather(t):", '    """{param: tensor} -> {block id: Y (batch, mult, width)}."""')
+    ys: dict[str, list[str]] = {ib.id: [] for ib in structure.blocks}
+    for i, p in enumerate(bound.params):
+        gather_param(src, p, comps, ys, f"t[{p.name!r}]", block_variables(i), maps)
+    src.add("    return {")
+    src.add(*[f"        {ib.id!r}: {joined(ys[ib.id])},  # d = {ib.dim}" for ib in structure.blocks])
+    src.add("    }", "", "")
+    scatter_header(src)
+    for ib in structure.blocks:
+        src.add(f"    z_{ib.id} = z[{ib.id!r}]")
+    src.add("    out = {}")
+    for i, p in enumerate(bound.params):
+        scatter_param(src, p, comps, block_variables(i), f"out[{p.name!r}]", maps)
+    src.add("    return out", "")
+    return src.text()
