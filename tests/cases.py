@@ -38,7 +38,41 @@ def _loss(model, x, y):
     return ((model(x) - y) ** 2).mean()
 
 
+def _sensing(m=10, n=8, k=3, count=60, seed=0):
+    """Matrix sensing loss of a factored model W = model(): `count` Gaussian measurements of a rank-k target."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(count, m, n, generator=gen, dtype=torch.float64)
+    target = torch.randn(m, k, generator=gen, dtype=torch.float64) @ torch.randn(k, n, generator=gen,
+                                                                                    dtype=torch.float64)
+    y = torch.einsum("imn,mn->i", a, target)
+    return lambda model: ((torch.einsum("imn,mn->i", a, model()) - y) ** 2).mean()
+
+
+def train(model, opt, steps: int = 3, batch: int = 4, length: int = 16) -> None:
+    """A few steps of next-token prediction on random tokens of a 17-symbol vocabulary (a GPT's smoke run)."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x = torch.randint(0, 17, (batch, length), generator=gen)
+        logits = model(x)
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 17), x.roll(-1, 1).reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 # ---------------------------------------------------------------- compiler
+# a `{i}` stack of one space per layer, its group left open (FAMILY % "perm")
+FAMILY = """
+[spaces]
+"h{i}" = { group = "%s" }
+[params]
+"layers.{i}.fc1.weight" = ["h{i}", "_"]
+"layers.{i}.fc1.bias" = ["h{i}"]
+"layers.{i}.fc2.weight" = ["_", "h{i}"]
+"""
+
+
 def stack_shapes(layers: int, n: int = 3) -> dict:
     """A `{i}` stack: fc1 (n x 2), its bias and fc2 (2 x n) per layer."""
     shapes = {}

@@ -11,21 +11,10 @@ import copy
 
 import pytest
 import torch
+from cases import train
 
 from symo.optim import Symo, optimizer  # optimizer: where the step calls the block function
 from symo.train.models import GPT, GPTConfig
-
-
-def train(model: GPT, opt: Symo, steps: int = 3) -> None:
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        x = torch.randint(0, 17, (4, 16), generator=gen)
-        logits = model(x)
-        logits = logits[0] if isinstance(logits, tuple) else logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 17), x.roll(-1, 1).reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
 
 
 @pytest.mark.parametrize(("spec", "backend"), [("gpt", "auto"), ("gpt_muon", "eigh"), ("gpt_muon", "newton_schulz")])

@@ -13,20 +13,12 @@ import re
 
 import oracles as O
 import torch
-from cases import stack_shapes
+from cases import FAMILY, stack_shapes
 from symo.compiler import compile_spec
 
 import symo
 
 D = torch.float64
-FAMILY = """
-[spaces]
-"h{i}" = { group = "%s" }
-[params]
-"layers.{i}.fc1.weight" = ["h{i}", "_"]
-"layers.{i}.fc1.bias" = ["h{i}"]
-"layers.{i}.fc2.weight" = ["_", "h{i}"]
-"""
 
 
 def explicit_spec(layers: int, group: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cases import _sensing
 from helpers import rel
 from references import ReferenceMuon, ReferenceShampoo  # noqa: E402
 
@@ -158,15 +159,6 @@ def test_two_sided_shampoo_rectangular():
 
 
 # ------------------------------------------------------------------------------------------ gauge
-def _sensing(m=10, n=8, k=3, count=60, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    a = torch.randn(count, m, n, generator=gen, dtype=torch.float64)
-    target = torch.randn(m, k, generator=gen, dtype=torch.float64) @ torch.randn(k, n, generator=gen,
-                                                                                    dtype=torch.float64)
-    y = torch.einsum("imn,mn->i", a, target)
-    return lambda model: ((torch.einsum("imn,mn->i", a, model()) - y) ** 2).mean()
-
-
 def test_factored_update_is_gram_determined():
     """One step: sqrt(k) (Y Y^T)^{-1/2} Y with Y = [G_U; G_V], pseudo-inverse by a dense eigh."""
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 import torch
 from block_reference import BlockLayout, ReferenceSymo, psd_function  # noqa: E402
-from cases import FACTORED, MUON, PER_HEAD, RELU, SIZES, SPECS, TANH, _data, _loss
+from cases import FACTORED, MUON, PER_HEAD, RELU, SIZES, SPECS, TANH, _data, _loss, _sensing
 from helpers import rel
 from references import ReferenceMuon, newton_schulz  # noqa: E402
 
@@ -314,15 +314,6 @@ def test_compile_true_matches_the_eager_step_bit_for_bit(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ gauge twins
-def _sensing(m=10, n=8, k=3, count=60, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    a = torch.randn(count, m, n, generator=gen, dtype=torch.float64)
-    target = torch.randn(m, k, generator=gen, dtype=torch.float64) @ torch.randn(k, n, generator=gen,
-                                                                                    dtype=torch.float64)
-    y = torch.einsum("imn,mn->i", a, target)
-    return lambda model: ((torch.einsum("imn,mn->i", a, model()) - y) ** 2).mean()
-
-
 @pytest.mark.parametrize("options", [{}, {"beta1": 0.0, "damping": 0.0}, {"beta2": 0.9}])
 def test_gauge_twins_on_the_default_path_and_adam_breaks_both_factors(options):
     """factored.toml with the defaults (beta2 = 0, the Muon-style path): (U Q, V Q) trains to (U_t Q, V_t Q)

@@ -14,7 +14,7 @@ import math
 import oracles as O
 import pytest
 import torch
-from cases import stack_shapes
+from cases import FAMILY, stack_shapes, train
 from symo.compiler import bind as bind_spec
 from symo.compiler import compile_spec, find_families, load_spec, parse_spec
 
@@ -22,14 +22,6 @@ import symo
 from symo.train.models import GPT, GPTConfig
 
 D = torch.float64
-FAMILY = """
-[spaces]
-"h{i}" = { group = "%s" }
-[params]
-"layers.{i}.fc1.weight" = ["h{i}", "_"]
-"layers.{i}.fc1.bias" = ["h{i}"]
-"layers.{i}.fc2.weight" = ["_", "h{i}"]
-"""
 # two families (fc, attn), parameters outside them with trivial rows (embed, head), a layer whose
 # attention has no bias (a unit of its own) and a perm space of size 1 (no standard piece)
 MIXED = """
@@ -196,15 +188,7 @@ def test_symo_steps_equal_per_layer_code(beta2: float) -> None:
     for comp in compiled:
         model = copy.deepcopy(base)
         opt = symo.Symo(model.named_parameters(), comp, lr=0.02, beta2=beta2, backend="eigh")
-        gen = torch.Generator().manual_seed(0)
-        for _ in range(3):
-            x = torch.randint(0, 17, (2, 8), generator=gen)
-            logits = model(x)
-            logits = logits[0] if isinstance(logits, tuple) else logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 17), x.roll(-1, 1).reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        train(model, opt, steps=3, batch=2, length=8)
         final.append(dict(model.named_parameters()))
     for name, p0 in base.named_parameters():
         update = (final[1][name] - p0).norm()
