@@ -39,7 +39,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from symo.models import GPT
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -47,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import symo.optim.optimizer as optimizer_module
 from symo.optim import Symo
+from symo.train.models import GPT
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SPECS = {"gpt_muon": {}, "gpt_true": {"dqk{i}": 16, "dvo{i}": 16}}

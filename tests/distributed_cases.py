@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from symo.models import GPT, MLP
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -22,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.distributed import counting_matrix_functions
 from symo.optim import Symo
+from symo.train.models import GPT, MLP
 from symo.train.rnn import RNN
 
 BATCH = 8  # divisible by 1, 2 and 4: every rank's slice has the same size, so averaged gradients agree

@@ -32,7 +32,6 @@ from distributed_cases import (
     two_branches_spec,
     wrap,
 )
-from symo.models import MLP
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -43,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 from symo.optim import DistributedConfig, Symo, SymoConfig
 from symo.optim.distributed import assign_owners, coupling_components, resolve_mode
 from symo.runtime.compiled import NonFiniteGradientError
+from symo.train.models import MLP
 
 MODES = ("fsdp", "replicated")
 EQUIVALENCE = ("mlp_tanh", "gpt_muon", "gpt_muon_path", "gpt_true", "rnn_tanh", "mlp_gradient", "shampoo_gm",
