@@ -307,10 +307,10 @@ STATE_CASES = {
     "momentum-shape": (lambda: edited(trained(net()).state_dict(),
                                       lambda s: s["state"][0].update(momentum_buffer=torch.zeros(9))),
                        ValueError, "momentum_buffer"),
-    "foreign-block": (lambda: edited(trained(net(), beta2=0.9).state_dict(),
+    "foreign-block": (lambda: edited(trained(net(), preconditioner="root", beta2=0.9).state_dict(),
                                      lambda s: blocks_in(s).update(L99={"ema": torch.zeros(1, 2, 2)})),
                       ValueError, "L99"),
-    "block-shape": (lambda: edited(trained(net(), beta2=0.9).state_dict(),
+    "block-shape": (lambda: edited(trained(net(), preconditioner="root", beta2=0.9).state_dict(),
                                    lambda s: blocks_in(s)["L0"].update(ema=torch.zeros(1, 2, 2))),
                     ValueError, "L0"),
     "not-a-dict": (lambda: [1, 2], TypeError, "state_dict"),
@@ -323,7 +323,8 @@ def test_load_state_dict_refuses_a_mismatched_checkpoint(case: str) -> None:
     make, exc_type, needle = STATE_CASES[case]
     torch.manual_seed(0)
     state = make()
-    opt = trained(net(), beta2=0.9 if case in ("foreign-block", "block-shape") else 0.0)
+    opt = trained(net(), **({"preconditioner": "root", "beta2": 0.9} if case in ("foreign-block",
+                                                                                 "block-shape") else {}))
     before = {k: v.clone() for k, v in opt.state_dict()["state"][0].items() if torch.is_tensor(v)}
     with pytest.raises(exc_type, match=needle):
         opt.load_state_dict(state)
@@ -334,8 +335,8 @@ def test_load_state_dict_refuses_a_mismatched_checkpoint(case: str) -> None:
 def test_load_state_dict_accepts_its_own_checkpoint() -> None:  # the check is not a wall
     torch.manual_seed(0)
     model = net()
-    opt = trained(model, beta2=0.9)
-    twin = symo.Symo(model.named_parameters(), "mlp_tanh", lr=0.01, beta2=0.9)
+    opt = trained(model, preconditioner="root", beta2=0.9)
+    twin = symo.Symo(model.named_parameters(), "mlp_tanh", preconditioner="root", lr=0.01, beta2=0.9)
     twin.load_state_dict(opt.state_dict())
 
 

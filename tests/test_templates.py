@@ -180,7 +180,7 @@ def test_symo_steps_equal_per_layer_code(beta2: float) -> None:
     final = []
     for comp in compiled:
         model = copy.deepcopy(base)
-        opt = symo.Symo(model.named_parameters(), comp, lr=0.02, beta2=beta2, backend="eigh")
+        opt = symo.Symo(model.named_parameters(), comp, preconditioner="root", lr=0.02, beta2=beta2, backend="eigh")
         gen = torch.Generator().manual_seed(0)
         for _ in range(3):
             x = torch.randint(0, 17, (2, 8), generator=gen)

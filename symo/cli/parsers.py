@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from ..optim.presets import ALIASES, PRESETS  # plain data: no torch
 from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig
 
 # the optimizers `symo equivariance` knows by name (equivariance.py builds them)
@@ -78,7 +79,7 @@ def _add_train_parser(sub) -> None:
             kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
             t.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text,
                            choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral"),
-                                    "preset": ("paper", "muon", "shampoo")}.get(f.name))
+                                    "preset": (*PRESETS, *ALIASES)}.get(f.name))
     t.set_defaults(run=".train:train_command")
 
 
