@@ -193,7 +193,7 @@ def test_eigen_adam_is_soap_on_a_weight_matrix(two_sided):
     rows = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
     cols = symo.parse_spec('[spaces]\nc = "signed_perm"\n[params]\nw = ["_", "c"]\n')
     extra = {"geometric_mean_with": cols} if two_sided else {}
-    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=0.1, precondition_frequency=3, eps=1e-4, **extra)
+    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=0.1, precondition_frequency=3, eps=1e-4, stats_dtype="float64", **extra)
     grads, updates = [], []
     for _ in range(10):
         opt.zero_grad()
@@ -213,7 +213,7 @@ def test_eigen_adam_moves_nothing_where_the_statistic_is_zero():
     w = torch.nn.Parameter(torch.randn(6, 4, dtype=F64))
     rows = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
     cols = symo.parse_spec('[spaces]\nc = "signed_perm"\n[params]\nw = ["_", "c"]\n')
-    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=1.0, geometric_mean_with=cols)
+    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=1.0, geometric_mean_with=cols, stats_dtype="float64")
     w.grad = 1e3 * torch.randn(6, 4, dtype=F64)
     before = w.detach().clone()
     opt.step()
@@ -265,7 +265,7 @@ def test_then_orthogonalize_is_pmuon_with_an_exact_polar_factor(two_sided):
     cols = symo.parse_spec('[spaces]\nc = "signed_perm"\n[params]\nw = ["_", "c"]\n')
     extra = {"geometric_mean_with": cols} if two_sided else {}
     opt = Symo({"w": w}, rows, preset="then_orthogonalize", lr=0.1, precondition_frequency=2, backend="eigh",
-               **extra)
+               stats_dtype="float64", **extra)
     grads, updates = [], []
     for _ in range(10):
         opt.zero_grad()

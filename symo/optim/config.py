@@ -137,10 +137,8 @@ FLAT: dict[str, tuple[str, str]] = {
     for feature, cls in FEATURES.items() for f in fields(cls)}
 # kind -> its options; an option name -> the kinds that have it
 KIND_OPTIONS: dict[str, tuple[str, ...]] = {k: tuple(f.name for f in fields(c)) for k, (c, _) in KINDS.items()}
-OWNERS: dict[str, list[str]] = {}
-for _kind, _names in KIND_OPTIONS.items():
-    for _name in _names:
-        OWNERS.setdefault(_name, []).append(_kind)
+OWNERS: dict[str, list[str]] = {name: [k for k, names in KIND_OPTIONS.items() if name in names]
+                                 for name in dict.fromkeys(n for names in KIND_OPTIONS.values() for n in names)}
 DEFAULT_KIND = "polar"
 _WHY = {"polar": "the polar kind (Symo's default, Muon's step) uses this step's statistic alone"}
 

@@ -309,7 +309,7 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
             raw_is_carried = not moved and stat_key in coords
             stats = coords[stat_key] if raw_is_carried else comp.gather(with_zeros(comp, vectors[stat_key], like))
             if kind.needs_weights and weights is not None:
-                weight = comp.gather(with_zeros(comp, weights, like))
+                weight = lazy_gather(comp, weights, like)
         steps: list[BlockStep] = []
         zs: dict[str, dict[str, torch.Tensor]] = {}
         for b in comp.blocks:
@@ -320,7 +320,8 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
                 continue
             steps.append(BlockStep(
                 c, block_state(k, stage, b.id) if kind.stateful else {}, {key: v[b.id] for key, v in coords.items()},
-                None if stats is None else stats[b.id], None if weight is None else weight[b.id],
+                None if stats is None else stats[b.id],
+                None if weight is None else (lambda bid=b.id, weight=weight: weight()[bid]),
                 scratch.setdefault((k, b.id), {})))
         if first and steps:
             kind.update(k, steps, ctx)
@@ -335,6 +336,18 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
         carried = {key: comp.scatter({bid: z for bid, z in zs.get(key, {}).items()}) for key in keys}
         moved = True
     return carried["u"]
+
+
+def lazy_gather(comp: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
+    """The block coordinates of `tensors`, gathered on the first call and kept."""
+    cache: dict[str, dict[str, torch.Tensor]] = {}
+
+    def get() -> dict[str, torch.Tensor]:
+        if "coords" not in cache:
+            cache["coords"] = comp.gather(with_zeros(comp, tensors, like))
+        return cache["coords"]
+
+    return get
 
 
 def polar_step(plan: list[Stage], kind: Kind, ctx: StepContext, names, grads, bufs, betas, nesterovs) -> Tensors:

@@ -192,8 +192,9 @@ class BlockStep:
     stat: torch.Tensor | None
     """On a stage's first pass: the coordinates of the vector the statistic is built from (the raw vector,
     never a transformed one); it is `coords["u"]` itself when that is the same vector."""
-    weight: torch.Tensor | None
-    """The weights' coordinates, for kinds with `needs_weights`."""
+    weight: Callable[[], torch.Tensor] | None
+    """The weights' coordinates, for kinds with `needs_weights`: a call, since gathering them costs a pass
+    over the parameters and kinds need them only on the steps they refresh."""
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per block and stage, kept across the passes of one step (a kind's values between its passes)."""
 

@@ -102,7 +102,9 @@ class EigenAdam(Kind):
                 y = b.coords["u"]
                 out.append({"u": (q @ y.to(q.dtype)).to(y.dtype)})
                 continue
-            rotated = {k: q.transpose(-1, -2) @ v.to(q.dtype) for k, v in b.coords.items()}
+            keys = list(b.coords)
+            both = q.transpose(-1, -2) @ torch.cat([b.coords[k].to(q.dtype) for k in keys], dim=-1)
+            rotated = dict(zip(keys, both.split([b.coords[k].shape[-1] for k in keys], dim=-1)))
             if stage < ctx.n_stages - 1:
                 out.append({k: v.to(b.coords[k].dtype) for k, v in rotated.items()})
                 continue

@@ -118,7 +118,6 @@ class Published(Kind):
             if "ema" not in st:
                 st["ema"] = torch.zeros_like(stat)
             st["ema"].mul_(o.beta2).add_(stat, alpha=1 - o.beta2)
-            b.scratch["sg"] = st["ema"] / debias(o.beta2, t)
 
     def due(self, stage: int, block: BlockStep) -> bool:
         return self.changes.due(stage) or refresh_due(block.state, self.options.precondition_frequency, "precond")
@@ -127,12 +126,14 @@ class Published(Kind):
         d, scope = self.options.damping, self.options.damping_scope
         sws = []
         for b in blocks:
-            w = self.centred(b, b.weight.to(ctx.stats_dtype))
+            w = self.centred(b, b.weight().to(ctx.stats_dtype))
             sws.append(w @ w.transpose(-1, -2) / b.plan.dim)
         w_eigs = batched(torch.linalg.eigh, [sw.to(torch.float64) for sw in sws])
         w_max = self._s_max([e for e, _ in w_eigs], scope)
         halves = [damped_power(e, u, 0.5, d, s) for (e, u), s in zip(w_eigs, w_max)]
-        inners = [h @ b.scratch["sg"].to(torch.float64) @ h for h, b in zip(halves, blocks)]
+        beta2 = self.options.beta2
+        inners = [h @ (b.state["ema"].to(torch.float64) / debias(beta2, b.state["step"])) @ h
+                  for h, b in zip(halves, blocks)]
         i_eigs = batched(torch.linalg.eigh, inners)
         i_max = self._s_max([e for e, _ in i_eigs], scope)
         for b, h, (e, u), s in zip(blocks, halves, i_eigs, i_max):

@@ -66,7 +66,7 @@ class Taylor(Kind):
             if b.plan.trivial:
                 b.state["precond"] = stored_power(average, o.power, b.plan.backend, b.plan.where, o.damping, absolute)
                 continue
-            w = b.weight.to(average.dtype)
+            w = b.weight().to(average.dtype)
             sw = w @ w.transpose(-1, -2) / b.plan.dim
             b.state["precond"] = taylor_power(average, sw, o.power, o.damping, absolute)
         self.changes.refreshed(stage)
