@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_commands(sub)
     args = parser.parse_args(argv)
+    precheck = getattr(args, "precheck", None)
+    if precheck is not None:  # option values, before the command's module (and torch) is imported
+        try:
+            precheck(args)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     module, _, function = args.run.partition(":")
     try:
         with warnings.catch_warnings():  # restores the default display afterwards (main runs in tests too)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from .. import train as training  # the package attribute `training.train`, so tests can stand in for train()
 from ..compiler import SpecError
 from ..train.checkpoint import CheckpointError
-from ..train.config import TrainConfig
+from ..train.config import TrainConfig, check_given
 from ..train.data import DataError
 from ..train.events import RunStart, StepReport, TrainInterrupted, TrainObserver
 from ..train.progress import progress
@@ -40,6 +40,7 @@ def train_command(args: argparse.Namespace) -> int:
         if run_dir is not None:  # resuming: the checkpoint's options, then those given on the command line
             options = {**training.saved_options(run_dir), **given, "resume": True, "out_dir": run_dir}
         cfg = TrainConfig(**options)
+        check_given(given, cfg.optimizer)
         with ConsoleReport(show_bar=cfg.progress) as report:
             result = training.train(cfg, observer=report)
     except (CheckpointError, DataError, SpecError, ValueError) as exc:
@@ -102,7 +103,8 @@ class ConsoleReport(TrainObserver):
 
     def started(self, run: RunStart) -> None:
         cfg = run.config
-        print(f"symo train: {cfg.optimizer} (lr {cfg.lr:g}{', spec ' + cfg.spec if cfg.optimizer == 'symo' else ''}), "
+        symo = f"{f'preset {cfg.preset}' if cfg.preset else 'defaults'}, lr {cfg.lr:g}, spec {cfg.spec}"
+        print(f"symo train: {cfg.optimizer} ({symo if cfg.optimizer == 'symo' else f'lr {cfg.lr:g}'}), "
               f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {run.n_params / 1e6:.2f}M parameters), "
               f"{run.data_name} ({run.n_chars:,} chars, vocabulary {run.vocab_size}), batch {cfg.batch_size}x"
               f"{cfg.block_size}, {run.world} process(es) on {cfg.device}\nrun folder: {run.run_dir}"
