@@ -25,6 +25,7 @@ from symo import cli
 from symo.train import TrainConfig, train
 from symo.train import checkpoint as checkpoint_module
 from symo.train.checkpoint import CheckpointError, save_checkpoint
+from symo.train.data import load_corpus
 from symo.train.rundir import RunFolderError
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(200))
@@ -39,23 +40,31 @@ def tiny(tmp_path: Path, **overrides) -> TrainConfig:
     return TrainConfig(**{**base, **overrides})
 
 
+def flip_bit(path: Path, at: int, mask: int) -> str:
+    """Flip bits `mask` of byte `at` inside the largest tensor record of a zip archive (torch.save's format),
+    as a failing disk or copy would; returns the record's name."""
+    with zipfile.ZipFile(path) as archive:
+        record = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    header = record.header_offset  # the record's bytes follow its local header: 30 bytes, the name, the extra field
+    start = header + 30 + int.from_bytes(raw[header + 26:header + 28], "little") + \
+        int.from_bytes(raw[header + 28:header + 30], "little")
+    raw[start + at] ^= mask
+    path.write_bytes(bytes(raw))
+    return record.filename
+
+
 def test_a_flipped_bit_in_a_tensor_record_is_refused_naming_the_file(tmp_path: Path) -> None:
     cfg = tiny(tmp_path)
     train(cfg)
     ckpt = Path(cfg.out_dir) / "ckpt.pt"
-    with zipfile.ZipFile(ckpt) as archive:  # the largest tensor record: the token embedding
-        record = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    raw = bytearray(ckpt.read_bytes())
-    # the record's bytes start after its local header (30 bytes + name + extra field)
-    name_len, extra_len = int.from_bytes(raw[record.header_offset + 26:record.header_offset + 28], "little"), \
-        int.from_bytes(raw[record.header_offset + 28:record.header_offset + 30], "little")
-    raw[record.header_offset + 30 + name_len + extra_len + 5] ^= 0x10
-    ckpt.write_bytes(bytes(raw))
+    record = flip_bit(ckpt, 5, 0x10)  # in the largest tensor: the token embedding
+    raw = ckpt.read_bytes()
     assert isinstance(torch.load(ckpt, weights_only=True), dict)  # torch alone loads it without a word
     with pytest.raises(CheckpointError, match="CRC-32") as err:
         train(tiny(tmp_path, resume=True, steps=4))
-    assert str(ckpt) in str(err.value) and record.filename in str(err.value)
-    assert ckpt.read_bytes() == bytes(raw)  # left as it was
+    assert str(ckpt) in str(err.value) and record in str(err.value)
+    assert ckpt.read_bytes() == raw  # left as it was
 
 
 def test_a_checkpoint_without_its_step_names_the_file(tmp_path: Path) -> None:
@@ -208,3 +217,13 @@ def test_a_second_ctrl_c_stops_at_once_during_a_long_torch_operation() -> None:
     assert status == 130, stderr
     assert "stopping after the current step" in stderr and "second Ctrl-C: stopped at once" in stderr
     assert "no checkpoint had been written yet" in stderr  # no run started here
+
+
+def test_a_flipped_bit_in_the_corpus_cache_is_rebuilt(tmp_path: Path) -> None:
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    fresh = load_corpus(data, tmp_path / "cache")
+    (entry,) = (tmp_path / "cache").glob("*.pt")
+    flip_bit(entry, 7, 0x01)  # one character id changes
+    assert not torch.equal(torch.load(entry, weights_only=True)["ids"].long(), fresh.ids)
+    assert torch.equal(load_corpus(data, tmp_path / "cache").ids, fresh.ids)
