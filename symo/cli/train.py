@@ -47,9 +47,12 @@ def train_command(args: argparse.Namespace) -> int:
         check_given(given, cfg.optimizer)
         with ConsoleReport(show_bar=cfg.progress) as report:
             result = training.train(cfg, observer=report)
-    except (CheckpointError, DataError, RunFolderError, SpecError, ValueError) as exc:
+    except (CheckpointError, DataError, SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunFolderError as exc:  # the folder is in use or cannot be written: a condition of the system, as below
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:  # a run folder or file the system refuses (too long a name, no permission, ...)
         print(f"error: {_describe(exc)}", file=sys.stderr)
         return 1

@@ -67,15 +67,15 @@ def _claim(path: Path) -> RunFolder:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise RunFolderError(f"--out-dir {path}: cannot write in this folder ({exc.strerror or exc}); the checkpoint "
-                             "and the log go there. Choose a folder you can write with --out-dir, or fix its "
-                             "permissions") from None
+        raise RunFolderError(f"--out-dir {_short(path)}: cannot write in this folder ({exc.strerror or exc}); the "
+                             "checkpoint and the log go there. Choose a folder you can write with --out-dir, or fix "
+                             "its permissions") from None
     lock = path / LOCK_NAME
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     if not _try_lock(fd):
         holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "unknown"
         os.close(fd)
-        raise RunFolderError(f"--out-dir {path}: another symo train run is using this folder (its lock {lock} is "
+        raise RunFolderError(f"--out-dir {_short(path)}: another symo train run is using this folder (its lock file is "
                              f"held: {holder}). Wait for that run to end (or stop it), or choose another --out-dir")
     os.ftruncate(fd, 0)
     os.write(fd, f"process {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
@@ -100,3 +100,9 @@ def _try_lock(fd: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def _short(path: Path, limit: int = 200) -> str:
+    """A path for a message, cut in the middle when longer than `limit` characters."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit // 2 - 2]}...{text[-(limit // 2 - 1):]}"
