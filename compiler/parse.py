@@ -107,7 +107,7 @@ def resolve_spec_path(path: str | Path) -> Path:
                         "such as 'gpt_muon'") from None
     bundled = bundled_specs() if len(path.parts) == 1 and not str(text).startswith(".") else {}
     name = path.stem if path.suffix == ".toml" else path.name
-    if name in bundled and is_file:
+    if name in bundled and is_file and path.resolve() != bundled[name].resolve():  # (from specs/: the same file)
         warnings.warn(f"spec {str(text)!r}: reading the file {short(str(path.resolve()), 200)}, not the bundled "
                       f"spec {name!r} of the same name (give ./{short(str(text))} to mean the file and silence "
                       "this warning, or rename the file)", SpecShadowWarning, stacklevel=3)

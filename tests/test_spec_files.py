@@ -84,3 +84,11 @@ def test_a_file_named_like_a_bundled_spec_is_read_with_a_warning(tmp_path: Path,
         warnings.simplefilter("error")
         assert symo.load_spec("./gpt_muon.toml").name == "mine"   # explicitly the file: no warning
         assert symo.load_spec("gpt_muon").name != "mine"          # no file of that exact name: bundled
+
+
+def test_the_bundled_file_itself_is_no_shadow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the folder that holds the bundled specs (a source checkout's specs/), the name is that file."""
+    monkeypatch.chdir(bundled_specs()["gpt_muon"].parent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert symo.load_spec("gpt_muon.toml").source == "gpt_muon.toml"
