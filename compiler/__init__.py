@@ -25,7 +25,7 @@ from .codegen import CODEGEN_VERSION, GeneratedCode, generate
 from .codegen_template import generate_templated
 from .codegen_tier2 import generate_tier2
 from .errors import SpecError
-from .parse import GROUPS, ParamRule, SpaceDecl, Spec, load_spec, parse_spec
+from .parse import GROUPS, ParamRule, SpaceDecl, Spec, SpecShadowWarning, load_spec, parse_spec
 from .structure import IsotypicBlock, Structure, derive_structure
 from .templates import TEMPLATES_VERSION, TemplatePlan, find_families
 from .tier2 import derive_tier2, is_tier2, key_material
@@ -33,7 +33,7 @@ from .validate import BoundSpec, bind, shapes_of
 
 __all__ = [
     "GROUPS", "BoundSpec", "DiskCache", "GeneratedCode", "GeneratedModule", "IsotypicBlock", "ParamRule",
-    "SpaceDecl", "Spec", "SpecError", "Structure", "bind", "compile_spec", "default_cache_dir",
+    "SpaceDecl", "Spec", "SpecError", "SpecShadowWarning", "Structure", "bind", "compile_spec", "default_cache_dir",
     "derive_structure", "generate", "load_spec", "parse_spec", "shapes_of",
 ]
 

@@ -21,7 +21,7 @@ import networkx as nx
 
 from .bound import Atom, Block, BoundParam, BoundSpace, BoundSpec
 from .errors import SpecError, few, short
-from .parse import FREE, SpaceDecl, Spec
+from .parse import FREE, SpaceDecl, Spec, bundled_specs
 from .sizes import AxisEquation, solve_sizes
 from .tier2 import check_repeated
 
@@ -113,10 +113,11 @@ def bind(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, 
                             hint=(f"check the name; parameters that look similar: {close}" if close
                                   else "check the name against model.named_parameters()")
                             + "; to use the spec for a subset of the parameters (fine-tuning part of a model), "
-                              "pass strict=False (CLI: --partial)")
+                              "pass strict=False (CLI: --partial)" + _own_model_hint(spec))
     if not strict and not matched:
         raise SpecError("no rule of the spec matches any parameter given", file=spec.source, key="params",
-                        hint=f"check the names against the parameters, e.g. {few(list(shapes), 4)}")
+                        hint=f"check the names against the parameters, e.g. {few(list(shapes), 4)}"
+                        + _own_model_hint(spec))
 
     decls = {d.name: d for d in spec.spaces}
     families = [(d, _pattern_regex(d.name, spec.source, f"spaces.{d.name}")) for d in spec.spaces if "{" in d.name]
@@ -312,6 +313,18 @@ def _match_component(text: str, tokens: list[tuple[str, str]], captures: dict[st
                 return False
         pos, k = nxt, k + 2
     return pos == len(text)
+
+
+def _own_model_hint(spec: Spec) -> str:
+    """For a bundled spec: it names the parameters of the model it was written for, so point a user with a
+    model of their own to `symo infer`, which writes a spec from the model (Muon-style with --relax muon)."""
+    name = next((n for n, path in bundled_specs().items() if str(path) == spec.source), None)
+    if name is None:
+        return ""
+    return (f". The bundled spec {name!r} fits the parameter names of the model it was written for (README, "
+            "\"Bundled specs\"); for a model of your own, `symo infer --model module:factory -o spec.toml` writes "
+            "its spec (`symo infer --relax muon ...` the Muon-style one: a private row space per hidden matrix), "
+            "or in Python symo.infer_spec(model, example_inputs, relax=\"muon\")")
 
 
 def _pattern_regex(pattern: str, source: str, key: str | None = None) -> _NamePattern:

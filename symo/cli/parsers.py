@@ -1,9 +1,10 @@
 """The arguments of every `symo` command, apart from the commands themselves.
 
 Each subcommand's `run` default names the function that carries it out, as ".module:function" in this
-package; `main` imports that module only when the command runs. So building the parser, which is all
-`symo --help` and `symo --version` do, loads only the standard library and `symo train`'s options
-(symo/train/config.py), not torch, sympy or networkx.
+package; `main` imports that module only when the command runs. A `precheck` default, where a command
+has one, checks the option values first (raising ValueError), so a bad value is reported at once.
+Building the parser, which is all `symo --help` and `symo --version` do, loads only the standard library
+and `symo train`'s options (symo/train/config.py), not torch, sympy or networkx.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import dataclasses
 
 from ..optim.presets import ALIASES, PRESETS  # plain data: no torch
-from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig
+from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, check_given, check_values
 
 # the optimizers `symo equivariance` knows by name (equivariance.py builds them)
 BUILTIN_RULES = ("sgd", "heavy_ball", "symo", "gd", "adam", "scalar_adam", "rmsprop", "signum", "lion", "adafactor",
@@ -80,7 +81,20 @@ def _add_train_parser(sub) -> None:
             t.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text,
                            choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral"),
                                     "preset": (*PRESETS, *ALIASES)}.get(f.name))
-    t.set_defaults(run=".train:train_command")
+    t.set_defaults(run=".train:train_command", precheck=check_train_options)
+
+
+def check_train_options(args: argparse.Namespace) -> None:
+    """`symo train`'s option values, checked before torch is imported (ValueError naming the option): each
+    value given, and unless resuming (the checkpoint supplies the rest) their combinations and the options
+    the optimizer would ignore. train_command checks the same again once the options are complete."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    check_values(given)
+    if not given.get("resume"):
+        check_given(given, given.get("optimizer", TrainConfig.optimizer))
+        TrainConfig(**given)
+    elif "optimizer" in given:
+        check_given(given, given["optimizer"])
 
 
 
