@@ -193,7 +193,8 @@ def test_eigen_adam_is_soap_on_a_weight_matrix(two_sided):
     rows = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
     cols = symo.parse_spec('[spaces]\nc = "signed_perm"\n[params]\nw = ["_", "c"]\n')
     extra = {"geometric_mean_with": cols} if two_sided else {}
-    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=0.1, precondition_frequency=3, eps=1e-4, stats_dtype="float64", **extra)
+    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=0.1, precondition_frequency=3, eps=1e-4, stats_dtype="float64",
+               **extra)
     grads, updates = [], []
     for _ in range(10):
         opt.zero_grad()

@@ -41,8 +41,10 @@ def _add_train_parser(sub) -> None:
         "optimizer": f"one of {', '.join(OPTIMIZERS)}",
         "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
         "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
-        "preset": "Symo's preset: paper (averaged S^-1/2, no momentum, float64 powers), muon or shampoo; "
-                  "default: Muon's options at Muon's scale; --lr defaults to the preset's rate",
+        "preset": "Symo's preset: published (the published step; paper is its alias), notebook (the early "
+                  "notebooks' averaged S^-1/2, no momentum), muon, shampoo, eigen_adam (SOAP-style) or "
+                  "then_orthogonalize (PMuon); default: Muon's options at Muon's scale; --lr defaults to the "
+                  "preset's rate",
         "lr": "learning rate of the hidden matrices (AdamW: of all parameters); default "
               + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()),
         "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",

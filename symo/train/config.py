@@ -35,7 +35,7 @@ class TrainConfig:
     optimizer: str = "symo"
     spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
     partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
-    preset: str | None = None          # Symo's preset (symo.presets: paper, muon, shampoo); None: Muon's scale
+    preset: str | None = None          # Symo's preset (symo.PRESETS: published, notebook, ...); None: Muon's scale
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
     weight_decay: float = 0.0
