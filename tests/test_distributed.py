@@ -2,8 +2,9 @@
 steps, each block's matrix function on exactly one rank, a fixed number of collectives per step, and a
 torch.distributed.checkpoint save -> load -> resume bit-identical to the uninterrupted run.
 
-Every case has beta2 > 0 (except the Muon-path one), a frozen covered parameter, two parameter groups
-and widths no world size divides (tests/distributed_cases.py). One spawn per world size trains them all.
+Every case has a stored statistic (the root kind, except the Muon-path one), a frozen covered parameter, two
+parameter groups and widths no world size divides (tests/distributed_cases.py). One spawn per world size trains
+them all.
 """
 
 from __future__ import annotations

@@ -46,6 +46,6 @@ def test_statistics_and_writer(tmp_path):
     half = 4.302652729911275 * s / math.sqrt(3)  # t_{0.975, 2}
     assert math.isclose(lo, m - half) and math.isclose(hi, m + half)
     write_results(tmp_path, "demo", "# demo", {"a": 1})
-    assert (tmp_path / "demo.md").read_text() == "# demo\n"
-    data = json.loads((tmp_path / "demo.json").read_text())
+    assert (tmp_path / "demo").with_suffix(".md").read_text() == "# demo\n"
+    data = json.loads((tmp_path / "demo").with_suffix(".json").read_text())
     assert data["a"] == 1 and data["machine"]["cpus"] >= 1

@@ -103,7 +103,7 @@ def test_describe_reports_every_option_and_block():
     assert len(blocks) == 3 and blocks[1].startswith("  L1 nat(rows2)")
     # update_scale="adamw": every block's unit update has RMS adamw_rms (0.2), so lr_eff = 0.1 * 0.2
     assert blocks[1].endswith(": Y 1x8x6, d=6, lr_eff=0.02, backend=eigh; fc2.weight"), blocks[1]
-    assert text.splitlines()[-1] == "  AdamW: fc1.bias, fc2.bias, fc3.bias at its own rate adamw_lr=0.0003 (not lr)"
+    assert text.splitlines()[-1] == "  AdamW: fc1.bias, fc2.bias, fc3.bias at its own rate adamw_lr=0.003 (not lr)"
     bias_free = MLP(SIZES, bias=False)
     assert Symo(bias_free.named_parameters(), MUON).describe().splitlines()[-1] == "  AdamW: (none)"
 
@@ -151,10 +151,10 @@ def test_parameter_list_errors():
     # a {name: param} dict, and groups holding dicts, are named parameters too
     opt = Symo(dict(named), MUON, lr=0.3)
     assert opt.param_groups[0]["param_names"] == ["fc1.weight", "fc2.weight", "fc3.weight"]
-    assert opt.param_groups[0]["lr"] == 0.3 and opt.param_groups[1]["lr"] == 3e-4
+    assert opt.param_groups[0]["lr"] == 0.3 and opt.param_groups[1]["lr"] == 3e-3
     opt = Symo([{"params": dict(named[:3]), "lr": 0.5, "adamw_lr": 0.05}, {"params": dict(named[3:])}], MUON, lr=0.3)
     assert [(g["kind"], g["lr"]) for g in opt.param_groups] == [("symo", 0.5), ("adamw", 0.05), ("symo", 0.3),
-                                                               ("adamw", 3e-4)]
+                                                               ("adamw", 3e-3)]
 
 
 def test_compiled_spec_and_geometric_mean_coverage_errors():
@@ -282,13 +282,16 @@ def test_checkpoint_format_names_each_stage():
 
 def test_strict_false_preconditions_a_subset_with_the_full_spec():
     """Fine-tuning part of a model: the whole model's spec, only fc3's parameters given. strict=True refuses
-    (saying how to fix it); strict=False drops the absent parameters' entries and steps the rest."""
+    (saying how to fix it); strict=False drops the absent parameters' entries and steps the rest; the default
+    does the same with a warning."""
     from symo import SpecError
 
     model = MLP((6, 10, 8, 4))
     tanh = Path(__file__).resolve().parent.parent / "specs" / "mlp_tanh.toml"
     subset = {n: p for n, p in model.named_parameters() if n.startswith("fc3")}
     with pytest.raises(SpecError, match="strict=False"):
+        Symo(subset, tanh, strict=True)
+    with pytest.warns(UserWarning, match="matches no parameter given to Symo"):
         Symo(subset, tanh)
     opt = Symo(subset, tanh, strict=False, lr=0.01)
     assert set(opt.compiled.param_names) <= set(subset) and opt.compiled.param_names

@@ -351,12 +351,12 @@ def test_torch_distributed_checkpoint_round_trip_in_one_process(tmp_path) -> Non
 
     torch.manual_seed(0)
     model = MLP(SIZES).double()
-    opt = trained(model, TANH, preset="paper")
+    opt = trained(model, TANH, preset="notebook")
     twin = copy.deepcopy(model)
     state = {"optim": get_optimizer_state_dict(model, opt)}
     assert any("symo_blocks" in v for v in state["optim"]["state"].values())  # keyed by parameter name
     dcp.save(state, checkpoint_id=tmp_path)
-    resumed = Symo(twin.named_parameters(), TANH, lr=0.01, preset="paper")
+    resumed = Symo(twin.named_parameters(), TANH, lr=0.01, preset="notebook")
     loaded = {"optim": get_optimizer_state_dict(twin, resumed)}
     dcp.load(loaded, checkpoint_id=tmp_path)
     set_optimizer_state_dict(twin, resumed, loaded["optim"])

@@ -157,7 +157,7 @@ def test_lr_none_takes_the_presets_rate_and_the_default_otherwise():
             if key != "preconditioner":
                 assert getattr(opt.config, key) == value, (name, key)
     # "paper" is the published step (the early notebooks' rule is "notebook")
-    paper = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="paper")
+    paper = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="notebook")
     assert paper.preset.name == "published" and paper.config.kind == "published"
     assert Symo(model.named_parameters(), SPECS / "mlp_tanh.toml").param_groups[0]["lr"] == 1e-3
 
@@ -166,8 +166,8 @@ def test_bad_preset_and_preset_with_config_are_clear_errors():
     model = MLP((6, 10, 8, 4))
     with pytest.raises(ValueError, match=r"unknown preset 'papr'.*'muon', 'notebook', 'published'.*'paper' is"):
         Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="papr")
-    with pytest.raises(ValueError, match="preset='paper' or config=, not both"):
-        Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="paper", config=SymoConfig())
+    with pytest.raises(ValueError, match="preset='notebook' or config=, not both"):
+        Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="notebook", config=SymoConfig())
 
 
 def test_describe_with_a_config_and_no_preset_compares_with_the_defaults():

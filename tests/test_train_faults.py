@@ -183,8 +183,9 @@ def test_train_header_names_the_preset_and_resume_refuses_ignored_options(tmp_pa
     common = ["train", "--data", cfg.data, "--cache-dir", cfg.cache_dir, "--n-layer", "1", "--n-head", "2",
               "--n-embd", "16", "--block-size", "16", "--batch-size", "4", "--steps", "1", "--eval-batches", "1",
               "--sample-chars", "0", "--threads", "1", "--no-progress"]
-    assert cli.main([*common, "--out-dir", str(tmp_path / "paper"), "--spec", "gpt_true", "--preset", "paper"]) == 0
-    assert "symo train: symo (preset paper, lr 0.03, spec gpt_true)" in capsys.readouterr().out
+    assert cli.main([*common, "--out-dir", str(tmp_path / "notebook"), "--spec", "gpt_true", "--preset",
+                     "notebook"]) == 0
+    assert "symo train: symo (preset notebook, lr 0.03, spec gpt_true)" in capsys.readouterr().out
     assert cli.main([*common, "--out-dir", str(tmp_path / "adamw"), "--optimizer", "adamw"]) == 0
     assert "symo train: adamw (lr 0.004)" in capsys.readouterr().out
     assert cli.main(["train", "--resume", str(tmp_path / "adamw"), "--spec", "gpt_true"]) == 2

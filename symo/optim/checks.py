@@ -114,6 +114,11 @@ def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list
     if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
         raise TypeError("load_state_dict expects the dict returned by Symo.state_dict() "
                         "(with 'state' and 'param_groups')")
+    foreign = [i for i, g in enumerate(state_dict["param_groups"]) if not isinstance(g, Mapping) or "kind" not in g]
+    if foreign:
+        raise ValueError(f"load_state_dict: this state dict was not saved by Symo (param group {foreign[0]} has no "
+                         "'kind'; another optimizer's, e.g. torch.optim.AdamW's?): load it into that optimizer, "
+                         "or start Symo afresh")
     meta = state_dict.get("symo")
     if meta is not None and meta.get("kind", kind.name) != kind.name:
         raise ValueError(f"load_state_dict: the checkpoint was saved by preconditioner {meta['kind']!r}; this "

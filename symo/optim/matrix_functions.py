@@ -36,9 +36,14 @@ def current_statistic_apply(y: torch.Tensor, ys: torch.Tensor, c: BlockPlan, nso
     its update scale so that Muon's scale is one multiplication, rounded as Muon rounds it).
     `nso`: the Newton–Schulz options (NewtonSchulzOptions)."""
     if ys is y:
+        scale = None if torch.compiler.is_compiling() else gram_safe_scale(y)
+        if scale is not None:  # a Gram of these entries would overflow or underflow: the scaled block's
+            y = y / scale      # result, scaled back (S^{power} Y is homogeneous of degree 2 power + 1 in Y)
+            damping = damping / scale ** 2 if absolute else damping
         if c.backend == "newton_schulz" and power == -0.5:
             return polar_newton_schulz(y, c, nso), math.sqrt(c.dim)
-        return gram_power_apply(y, power, c.dim, damping, absolute=absolute), 1.0
+        z = gram_power_apply(y, power, c.dim, damping, absolute=absolute)
+        return (z if scale is None else z * scale ** (2 * power + 1)), 1.0
     # a statistic other than Y (statistic="gradient"): formed and powered in stats_dtype
     ys, y64 = ys.to(stats_dtype), y.to(stats_dtype)
     if ys.shape[-2] <= ys.shape[-1]:
@@ -47,6 +52,17 @@ def current_statistic_apply(y: torch.Tensor, ys: torch.Tensor, c: BlockPlan, nso
     else:
         z = lowrank_power_apply(ys / math.sqrt(c.dim), y64, power, damping, absolute=absolute)
     return z.to(y.dtype), 1.0
+
+
+def gram_safe_scale(y: torch.Tensor) -> torch.Tensor | None:
+    """A power of two per batch element that brings Y's largest entry near 1, when its Gram (and the Gram's
+    square, in Newton–Schulz) would overflow or underflow in Y's dtype; None otherwise, so that gradients of
+    ordinary size take exactly the unscaled path (and Muon's rounding)."""
+    info = torch.finfo(y.dtype)
+    top = y.abs().amax(dim=(-2, -1), keepdim=True)
+    if bool(((top > info.max ** 0.25) | ((top < info.tiny ** 0.25) & (top > 0))).any()):
+        return torch.exp2(torch.floor(torch.log2(top.clamp_min(info.tiny))))
+    return None
 
 
 def polar_newton_schulz(y: torch.Tensor, c: BlockPlan, nso) -> torch.Tensor:

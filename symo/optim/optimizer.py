@@ -21,14 +21,15 @@ back (`from_owners`), around the same loop.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..compiler import Spec
-from ..runtime.compiled import CompiledSpec, check_finite_tensors, compile_for
+from ..compiler import Spec, SpecError
+from ..runtime.compiled import CompiledSpec, NonFiniteUpdateError, check_finite_tensors, compile_for
 from . import report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
@@ -58,18 +59,22 @@ class Symo(torch.optim.Optimizer):
             "then_orthogonalize"; "paper" = "published"): start from that configuration instead of the
             SymoConfig defaults; keyword `overrides` replace its values. Not with `config`.
         sizes: space sizes the shapes cannot decide (as in `symo.compile`).
-        strict: False lets the spec cover more parameters than are given (fine-tuning a subset): its
-            entries for absent parameters are dropped, as `symo.compile(..., strict=False)` does.
+        strict: False lets the spec cover more parameters than are given (fine-tuning a subset, frozen
+            parameters left out): its entries for absent parameters are dropped, as
+            `symo.compile(..., strict=False)` does. None (the default): the same, with a warning naming the
+            first dropped rule; True: an error.
 
     Each user group becomes up to two torch param groups, `kind` "symo" (covered) and "adamw"
-    (uncovered, with "lr" = adamw_lr), so schedulers, `zero_grad` and `state_dict` act on both. lr,
+    (uncovered, with "lr" = adamw_lr), so schedulers, `zero_grad` and `state_dict` act on both; each torch
+    group's "user_group" is the index of the group it came from (`describe()` shows the mapping), e.g. for
+    a LambdaLR with one function per torch group. lr,
     weight_decay and beta1 are read from the param groups at every step; the kind's options (power, beta2,
     ...) from `opt.config` at every step, so `opt.config.power = -0.25` takes effect at the next step.
     """
 
     def __init__(self, params: NamedParams, spec: SpecLike, lr: float | None = None,
                  config: SymoConfig | None = None, *, preset: str | None = None,
-                 sizes: dict[str, int] | None = None, strict: bool = True, **overrides: Any) -> None:
+                 sizes: dict[str, int] | None = None, strict: bool | None = None, **overrides: Any) -> None:
         if config is not None and not isinstance(config, SymoConfig):
             raise TypeError(f"config must be a SymoConfig, got {type(config).__name__}")
         self.preset = None if preset is None else get_preset(preset)
@@ -94,7 +99,7 @@ class Symo(torch.optim.Optimizer):
         shapes = {n: tuple(p.shape) for n, p in named.items()}
         device = next(iter(named.values())).device
         self.stats_dtype = resolve_stats_dtype(getattr(cfg.preconditioner, "stats_dtype", "auto"), device)
-        self.compiled = compile_for(spec, shapes, sizes, strict)
+        self.compiled = compile_subset(spec, shapes, sizes, strict)
         covered = set(self.compiled.param_names)
         missing = sorted(covered - set(named))
         if missing:
@@ -102,7 +107,7 @@ class Symo(torch.optim.Optimizer):
         specs = [self.compiled]
         partner = getattr(cfg.preconditioner, "geometric_mean_with", None)
         if partner is not None:
-            specs.append(compile_for(partner, shapes, sizes, strict))
+            specs.append(compile_subset(partner, shapes, sizes, strict))
             if set(specs[1].param_names) != covered:
                 raise ValueError("geometric_mean_with: both specs must cover the same parameters; "
                                  f"they differ on {sorted(covered ^ set(specs[1].param_names))}")
@@ -112,15 +117,16 @@ class Symo(torch.optim.Optimizer):
             specs, lambda b, k: self.kind.backend_for(b, k, device, self.stats_dtype))
 
         groups = []
-        for g in user_groups:
+        for gi, g in enumerate(user_groups):
             opts = {k: g.get(k, lr if k == "lr" else getattr(cfg, k)) for k in GROUP_KEYS}
             cov = [(n, p) for n, p in g["params"] if n in covered]
             unc = [(n, p) for n, p in g["params"] if n not in covered]
             if cov:
-                groups.append({"params": cov, "kind": "symo", "lr": opts["lr"], "beta1": opts["beta1"],
-                               "nesterov": opts["nesterov"], "weight_decay": opts["weight_decay"]})
+                groups.append({"params": cov, "kind": "symo", "user_group": gi, "lr": opts["lr"],
+                               "beta1": opts["beta1"], "nesterov": opts["nesterov"],
+                               "weight_decay": opts["weight_decay"]})
             if unc:
-                groups.append({"params": unc, "kind": "adamw", "lr": opts["adamw_lr"],
+                groups.append({"params": unc, "kind": "adamw", "user_group": gi, "lr": opts["adamw_lr"],
                                "betas": tuple(opts["adamw_betas"]), "eps": opts["adamw_eps"],
                                "weight_decay": opts["adamw_wd"]})
         super().__init__(groups, {"lr": lr})
@@ -165,14 +171,19 @@ class Symo(torch.optim.Optimizer):
             d.counters.update(collectives=0, bytes=0)
         if self.config.check_finite:
             d.check_finite(grads) if d is not None else check_finite_tensors(grads, list(grads))
+        # the covered parameters first: their step can raise (the optimizer's own numerics), and a step that
+        # raises changes nothing (the AdamW parameters have not moved yet, and _step_covered commits last)
+        self._step_covered([g for g in self.param_groups if g["kind"] == "symo"])
         for group in self.param_groups:
             if group["kind"] == "adamw":  # elementwise: each rank steps its own shards
                 adamw_step(group, self.state, *(() if d is None else (d.local,)))
-        self._step_covered([g for g in self.param_groups if g["kind"] == "symo"])
         return loss
 
     def _step_covered(self, groups: list[dict]) -> None:
-        """Gradients -> momentum -> (owners) -> the kind's passes over the blocks -> (back) -> parameter update."""
+        """Gradients -> momentum -> (owners) -> the kind's passes over the blocks -> (back) -> parameter update.
+
+        Nothing is written until every direction is computed: the new momentum is kept aside, and the block
+        states a kind changes are journaled and put back if the step raises."""
         names, params, grads, bufs, betas, nesterovs = [], [], [], [], [], []
         local = (lambda t: t) if self.distributor is None else self.distributor.local  # a shard's own part
         for group in groups:
@@ -195,10 +206,11 @@ class Symo(torch.optim.Optimizer):
         if d is None and self.kind.name == "polar" and self.config.compile:
             if self._compiled_step is None:
                 self._compiled_step = torch.compile(polar_step, fullgraph=True)
-            updates = self._compiled_step(self.plan, self.kind, ctx, names, grads, bufs, tuple(betas),
-                                          tuple(nesterovs))
+            updates, new_bufs = self._compiled_step(self.plan, self.kind, ctx, names, grads, bufs, tuple(betas),
+                                                    tuple(nesterovs))
         else:
-            us = dict(zip(names, momentum(grads, bufs, betas, nesterovs)))
+            us_list, new_bufs = momentum(grads, bufs, betas, nesterovs)
+            us = dict(zip(names, us_list))
             vectors = {"u": us}
             if "g" in self.kind.vectors():
                 vectors["g"] = {n: g.to(us[n].dtype) for n, g in zip(names, grads)}
@@ -209,10 +221,25 @@ class Symo(torch.optim.Optimizer):
             if d is not None:
                 vectors = {key: d.to_owners(names, v) for key, v in vectors.items()}
                 owned = d.owned
-            updates = (directions(self.plan, self.kind, ctx, vectors, weights, set(names), self._block_state, owned)
-                       if vectors["u"] else {})
+            journal: list[tuple[dict, dict]] = []
+
+            def journaled(k: int, stage: Stage, bid: str) -> dict[str, Any]:
+                st = self._block_state(k, stage, bid)
+                journal.append((st, dict(st)))  # kinds replace their state's tensors, never write into them
+                return st
+
+            try:
+                updates = (directions(self.plan, self.kind, ctx, vectors, weights, set(names), journaled, owned)
+                           if vectors["u"] else {})
+            except BaseException:
+                for st, before in reversed(journal):
+                    st.clear()
+                    st.update(before)
+                raise
             if d is not None:
                 updates = d.from_owners(names, updates, us)
+        for buf, new in zip(bufs, new_bufs):
+            buf.copy_(new)
         lookup = {id(p): g for g in groups for p in g["params"]}
         for n, p in zip(names, params):
             group = lookup[id(p)]
@@ -254,6 +281,23 @@ class Symo(torch.optim.Optimizer):
         return state.state_bytes(self.state)
 
 
+def compile_subset(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None,
+                   strict: bool | None) -> CompiledSpec:
+    """`spec` compiled for the given parameters; with strict=None, rules that match none of them (frozen
+    parameters left out of the optimizer, the torch idiom) are dropped with a warning naming the first."""
+    if strict is not None:
+        return compile_for(spec, shapes, sizes, strict)
+    try:
+        return compile_for(spec, shapes, sizes, True)
+    except SpecError as err:
+        if err.reason != "pattern matches no parameter of the model":
+            raise
+        warnings.warn(f"the spec's rule {err.key} matches no parameter given to Symo (frozen parameters left "
+                      "out?); rules without parameters are dropped. Pass strict=False to say so and silence "
+                      "this, or strict=True to make it an error", UserWarning, stacklevel=3)
+        return compile_for(spec, shapes, sizes, False)
+
+
 def shared_beta1(betas: list[float]) -> float:
     """The covered groups' momentum, which the kinds that debias it need as one value."""
     if any(b != betas[0] for b in betas):
@@ -262,14 +306,16 @@ def shared_beta1(betas: list[float]) -> float:
     return betas[0]
 
 
-def momentum(grads, bufs, betas, nesterovs) -> list[torch.Tensor]:
-    """Muon's momentum in place on `bufs`; returns the vectors to precondition (Nesterov blend or m)."""
-    us = []
+def momentum(grads, bufs, betas, nesterovs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Muon's momentum: (the vectors to precondition, Nesterov blend or m; the new buffers), `bufs` untouched
+    (the step writes the new buffers once it has succeeded)."""
+    us, new = [], []
     for g, buf, beta, nest in zip(grads, bufs, betas, nesterovs):
         g = g.to(buf.dtype)
-        buf.lerp_(g, 1 - beta)
-        us.append(g.lerp(buf, beta) if nest else buf)
-    return us
+        m = buf.lerp(g, 1 - beta)
+        new.append(m)
+        us.append(g.lerp(m, beta) if nest else m)
+    return us, new
 
 
 def with_zeros(compiled: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Tensors:
@@ -323,12 +369,15 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
                 None if stats is None else stats[b.id],
                 None if weight is None else (lambda bid=b.id, weight=weight: weight()[bid]),
                 scratch.setdefault((k, b.id), {})))
-        if first and steps:
-            kind.update(k, steps, ctx)
-            due = [s for s in steps if kind.due(k, s)]
-            if due:
-                kind.refresh(k, due, ctx)
-        outs = kind.apply(k, direction, steps, ctx) if steps else []
+        try:
+            if first and steps:
+                kind.update(k, steps, ctx)
+                due = [s for s in steps if kind.due(k, s)]
+                if due:
+                    kind.refresh(k, due, ctx)
+            outs = kind.apply(k, direction, steps, ctx) if steps else []
+        except torch.linalg.LinAlgError as err:
+            raise linalg_failure(kind, comp, vectors, err) from err
         keys = list(outs[0]) if outs else list(coords)
         for s, out in zip(steps, outs):
             for key in keys:
@@ -336,6 +385,22 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
         carried = {key: comp.scatter({bid: z for bid, z in zs.get(key, {}).items()}) for key in keys}
         moved = True
     return carried["u"]
+
+
+def linalg_failure(kind: Kind, comp: CompiledSpec, vectors: dict[str, Tensors], err: Exception
+                   ) -> NonFiniteUpdateError:
+    """A matrix function that failed (eigh of a NaN or inf statistic), as the documented error: it names the
+    parameter whose vector is not finite (check_finite=False let it in), or says the optimizer's numerics failed."""
+    bad = [n for v in vectors.values() for n, t in v.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        return NonFiniteUpdateError(
+            f"Symo's {kind.name} preconditioner could not decompose a statistic of spec {comp.name!r}: the "
+            f"gradient or momentum of {sorted(set(bad))[:3]} holds NaN/inf (check_finite=False let it in); the "
+            "step changed nothing: skip this batch, lower the learning rate, or keep check_finite=True")
+    return NonFiniteUpdateError(
+        f"Symo's {kind.name} preconditioner failed on a finite statistic of spec {comp.name!r} ({err}); this is "
+        "the optimizer's numerics, not your gradient: use stats_dtype='float64', or add damping; the step "
+        "changed nothing")
 
 
 def lazy_gather(comp: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
@@ -350,11 +415,14 @@ def lazy_gather(comp: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Cal
     return get
 
 
-def polar_step(plan: list[Stage], kind: Kind, ctx: StepContext, names, grads, bufs, betas, nesterovs) -> Tensors:
+def polar_step(plan: list[Stage], kind: Kind, ctx: StepContext, names, grads, bufs, betas, nesterovs
+               ) -> tuple[Tensors, list[torch.Tensor]]:
     """The polar kind's whole step, Python control flow static in the shapes and config (torch.compile takes
-    it as one graph): momentum, then the one loop (no block state)."""
-    us = dict(zip(names, momentum(grads, bufs, betas, nesterovs)))
+    it as one graph): momentum, then the one loop (no block state). Returns the directions and the new
+    momentum buffers."""
+    us_list, new_bufs = momentum(grads, bufs, betas, nesterovs)
+    us = dict(zip(names, us_list))
     vectors = {"u": us}
     if "g" in kind.vectors():
         vectors["g"] = {n: g.to(us[n].dtype) for n, g in zip(names, grads)}
-    return directions(plan, kind, ctx, vectors, None, set(names), lambda k, stage, bid: {}, None)
+    return directions(plan, kind, ctx, vectors, None, set(names), lambda k, stage, bid: {}, None), new_bufs

@@ -57,6 +57,11 @@ def describe(opt: Symo) -> str:
             lines.append(f"  {tag}{b.id} {b.name}: Y {b.batch}x{b.mult}x{b.width}, d={b.dim}"
                          + ("" if unit is None else f", lr_eff={lr * unit:.3g}")
                          + f", backend={backend}; {summarize_names(b.params)}")
+    users = {g.get("user_group", 0) for g in opt.param_groups}
+    if len(opt.param_groups) > len(users):
+        lines.append(f"  param groups: {len(users)} given -> {len(opt.param_groups)} torch groups (each split into "
+                     "its covered 'symo' part and its 'adamw' part; a group's 'user_group' names the one it came "
+                     "from): " + ", ".join(f"{g.get('user_group', 0)}:{g['kind']}" for g in opt.param_groups))
     adamw_lrs = sorted({g["lr"] for g in opt.param_groups if g["kind"] == "adamw"})
     lines.append("  AdamW: " + (summarize_names(adam) + f" at its own rate adamw_lr="
                                 f"{', '.join(f'{x:g}' for x in adamw_lrs)} (not lr)" if adam else "(none)"))

@@ -185,7 +185,8 @@ class BlockStep:
 
     plan: BlockPlan
     state: dict[str, Any]
-    """The block's persistent state (declared by `Kind.state_shapes`); {} for a stateless kind."""
+    """The block's persistent state (declared by `Kind.state_shapes`); {} for a stateless kind. Kinds assign
+    new tensors to it and never write into the tensors it holds, so a step that raises can be undone."""
     coords: dict[str, torch.Tensor]
     """The carried vectors' coordinates (batch, mult, width): "u", the vector preconditioned, and the
     others the kind carries (`Kind.carried`)."""
@@ -285,12 +286,13 @@ def fold_statistic(state: dict[str, Any], coords: torch.Tensor, dim: int, beta2:
     state["step"] = state.get("step", 0) + 1
     if beta2 == 0.0:
         return stat
+    # a new tensor, never a write into the old one: a step that raises puts the old one back
     if "ema" not in state:
         state["ema"] = stat if beta2 == 1.0 else stat * (1 - beta2)
     elif beta2 == 1.0:
-        state["ema"].add_(stat)
+        state["ema"] = state["ema"].add(stat)
     else:
-        state["ema"].mul_(beta2).add_(stat, alpha=1 - beta2)
+        state["ema"] = state["ema"].mul(beta2).add(stat, alpha=1 - beta2)
     return state["ema"] if beta2 == 1.0 else state["ema"] / (1 - beta2 ** state["step"])
 
 

@@ -118,9 +118,8 @@ class EigenAdam(Kind):
         """Adam's normalised step in the rotated coordinates (the second moment kept in the block's state)."""
         o, st = self.options, b.state
         t = st["step"]
-        if "exp_avg_sq" not in st:
-            st["exp_avg_sq"] = torch.zeros_like(g)
-        v = st["exp_avg_sq"]
-        v.mul_(o.adam_beta2).addcmul_(g, g, value=1 - o.adam_beta2)
+        v = st.get("exp_avg_sq")
+        v = torch.zeros_like(g) if v is None else v
+        st["exp_avg_sq"] = v = v.mul(o.adam_beta2).addcmul(g, g, value=1 - o.adam_beta2)
         m_hat = u / (1 - ctx.beta1 ** t)
         return m_hat / ((v / (1 - o.adam_beta2 ** t)).sqrt() + o.eps)

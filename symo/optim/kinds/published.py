@@ -115,9 +115,8 @@ class Published(Kind):
             st["step"] = t = st.get("step", 0) + 1
             delta = self.centred(b, b.coords["u"].to(ctx.stats_dtype) / debias(ctx.beta1, t))
             stat = delta @ delta.transpose(-1, -2) / b.plan.dim
-            if "ema" not in st:
-                st["ema"] = torch.zeros_like(stat)
-            st["ema"].mul_(o.beta2).add_(stat, alpha=1 - o.beta2)
+            ema = st.get("ema", torch.zeros_like(stat))
+            st["ema"] = ema.mul(o.beta2).add(stat, alpha=1 - o.beta2)
 
     def due(self, stage: int, block: BlockStep) -> bool:
         return self.changes.due(stage) or refresh_due(block.state, self.options.precondition_frequency, "precond")
