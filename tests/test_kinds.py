@@ -338,3 +338,34 @@ def test_options_of_another_kind_are_refused_with_the_kinds_that_have_them():
         Symo(model.named_parameters(), spec, preconditioner="then_orthogonalize", inner="eigen_adam", gamma=0.3)
     with pytest.raises(ValueError, match="update_scale='muon' has no meaning for preconditioner 'eigen_adam'"):
         Symo(model.named_parameters(), spec, preset="eigen_adam", update_scale="muon")
+
+
+# ------------------------------------------------------------------ the size cap
+def test_above_max_precond_dim_eigen_adam_is_adam_and_root_is_diagonal():
+    """A block whose multiplicity exceeds max_precond_dim keeps only the diagonal of its statistic: eigen_adam
+    there is torch's Adam (the identity basis), root applies (diag A + damping lambda_max)^power elementwise."""
+    torch.manual_seed(0)
+    rows = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
+    w = torch.nn.Parameter(torch.randn(6, 4, dtype=F64))
+    twin = torch.nn.Parameter(w.detach().clone())
+    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=0.01, max_precond_dim=3, stats_dtype="float64")
+    adam = torch.optim.Adam([twin], lr=0.01, betas=(0.95, 0.95), eps=1e-8)
+    for _ in range(5):
+        for p, o in ((w, opt), (twin, adam)):
+            o.zero_grad()
+            (p ** 3).sum().backward()
+            o.step()
+    assert rel(w.detach(), twin.detach()) < 1e-12
+    assert set(opt.block_statistics()["L0"]) == {"step", "exp_avg_sq"}
+
+    v = torch.nn.Parameter(torch.randn(6, 4, dtype=F64))
+    start = v.detach().clone()
+    opt = Symo({"w": v}, rows, preconditioner="root", beta2=0.0, damping=1e-3, lr=1.0, beta1=0.0,
+               max_precond_dim=3)
+    v.grad = torch.randn(6, 4, dtype=F64)
+    opt.step()
+    y = v.grad.T                                    # block coordinates: mult 4 (> 3) x width 6
+    diag = (y * y).sum(dim=1, keepdim=True) / 6
+    want = (diag + 1e-3 * diag.max()) ** -0.5 * y
+    assert rel((start - v.detach()).T, want) < 1e-12
+    assert opt.block_statistics()["L0"]["precond"].shape == (1, 4, 1)

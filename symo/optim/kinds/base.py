@@ -68,6 +68,10 @@ class AveragedOptions(StatisticOptions):
     precondition_frequency: int = 1
     """Refresh the factors (matrix functions, eigenbases) every this many steps; the statistics update
     every step."""
+    max_precond_dim: int = 2048
+    """A block whose multiplicity exceeds this keeps only the diagonal of its statistic (SOAP's cap: a
+    mult x mult matrix and its eigh grow as mult^2 and mult^3). The all-layers invariant block of a perm MLP
+    spec (gpt_true: layers x (2 d_model + 1)) is the usual one."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -75,6 +79,7 @@ class AveragedOptions(StatisticOptions):
             (0.0 <= self.beta2 <= 1.0, f"beta2 must be in [0, 1], got {self.beta2}"),
             (self.precondition_frequency >= 1,
              f"precondition_frequency must be >= 1, got {self.precondition_frequency}"),
+            (self.max_precond_dim >= 1, f"max_precond_dim must be >= 1, got {self.max_precond_dim}"),
         ])
 
 
@@ -294,6 +299,37 @@ def fold_statistic(state: dict[str, Any], coords: torch.Tensor, dim: int, beta2:
     else:
         state["ema"] = state["ema"].mul(beta2).add(stat, alpha=1 - beta2)
     return state["ema"] if beta2 == 1.0 else state["ema"] / (1 - beta2 ** state["step"])
+
+
+def statistic_shape(block: BlockInfo | BlockPlan, cap: int) -> tuple[int, ...]:
+    """The stored statistic of a block: mult x mult, or its diagonal (batch, mult, 1) above the cap."""
+    return (block.batch, block.mult, 1) if block.mult > cap else (block.batch, block.mult, block.mult)
+
+
+def fold_diagonal(state: dict[str, Any], coords: torch.Tensor, dim: int, beta2: float,
+                  stats_dtype: torch.dtype) -> torch.Tensor:
+    """`fold_statistic` for a block above the size cap: the diagonal of Y Y^T / d, as (batch, mult, 1)."""
+    y = coords.to(stats_dtype)
+    stat = (y * y).sum(dim=-1, keepdim=True) / dim
+    state["step"] = state.get("step", 0) + 1
+    if beta2 == 0.0:
+        return stat
+    if "ema" not in state:
+        state["ema"] = stat if beta2 == 1.0 else stat * (1 - beta2)
+    elif beta2 == 1.0:
+        state["ema"] = state["ema"].add(stat)
+    else:
+        state["ema"] = state["ema"].mul(beta2).add(stat, alpha=1 - beta2)
+    return state["ema"] if beta2 == 1.0 else state["ema"] / (1 - beta2 ** state["step"])
+
+
+def diagonal_power(diag: torch.Tensor, power: float, damping: float, absolute: bool) -> torch.Tensor:
+    """The power of a diagonal statistic (batch, mult, 1), with the conventions of linalg.spectral_fn: zeros
+    to working precision map to zero, damping is relative to the block's largest entry (or absolute)."""
+    lam = diag.amax(dim=-2, keepdim=True).clamp_min(0)
+    keep = diag > lam * (8 * diag.shape[-2] ** 0.5 * torch.finfo(diag.dtype).eps)
+    shifted = torch.where(keep, diag + (damping if absolute else damping * lam), torch.ones_like(diag))
+    return torch.where(keep, shifted.pow(power), torch.zeros_like(diag))
 
 
 def refresh_due(state: dict[str, Any], frequency: int, factor: str) -> bool:

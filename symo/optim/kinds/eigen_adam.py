@@ -76,18 +76,24 @@ class EigenAdam(Kind):
 
     def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:
         m = (block.batch, block.mult, block.mult)
-        shapes: dict[str, tuple[int, ...] | None] = {"step": None, "ema": m, "basis": m}
+        shapes: dict[str, tuple[int, ...] | None] = {"step": None}
+        if block.mult <= self.options.max_precond_dim:  # above the cap: Adam in the block's own coordinates
+            shapes.update(ema=m, basis=m)
         if stage == n_stages - 1:
             shapes["exp_avg_sq"] = (block.batch, block.mult, block.width)
         return shapes
 
     def update(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
-        beta2 = self.options.beta2
+        o = self.options
         for b in blocks:
-            b.scratch["average"] = fold_statistic(b.state, b.stat, b.plan.dim, beta2, ctx.stats_dtype)
+            if b.plan.mult > o.max_precond_dim:
+                b.state["step"] = b.state.get("step", 0) + 1
+            else:
+                b.scratch["average"] = fold_statistic(b.state, b.stat, b.plan.dim, o.beta2, ctx.stats_dtype)
 
     def due(self, stage: int, block: BlockStep) -> bool:
-        return refresh_due(block.state, self.options.precondition_frequency, "basis")
+        return (block.plan.mult <= self.options.max_precond_dim
+                and refresh_due(block.state, self.options.precondition_frequency, "basis"))
 
     def refresh(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
         for b, q in zip(blocks, batched(rotation_basis, [b.scratch["average"] for b in blocks])):
@@ -97,21 +103,25 @@ class EigenAdam(Kind):
               ) -> list[dict[str, torch.Tensor]]:
         out = []
         for b in blocks:
-            q = b.state["basis"]
+            q = b.state.get("basis")  # None above the size cap: the identity
             if direction == "out":
                 y = b.coords["u"]
-                out.append({"u": (q @ y.to(q.dtype)).to(y.dtype)})
+                out.append({"u": y if q is None else (q @ y.to(q.dtype)).to(y.dtype)})
                 continue
             keys = list(b.coords)
-            both = q.transpose(-1, -2) @ torch.cat([b.coords[k].to(q.dtype) for k in keys], dim=-1)
-            rotated = dict(zip(keys, both.split([b.coords[k].shape[-1] for k in keys], dim=-1)))
+            if q is None:
+                rotated = {k: v.to(ctx.stats_dtype) for k, v in b.coords.items()}
+            else:
+                both = q.transpose(-1, -2) @ torch.cat([b.coords[k].to(q.dtype) for k in keys], dim=-1)
+                rotated = dict(zip(keys, both.split([b.coords[k].shape[-1] for k in keys], dim=-1)))
             if stage < ctx.n_stages - 1:
                 out.append({k: v.to(b.coords[k].dtype) for k, v in rotated.items()})
                 continue
             n = self.adam(b, rotated["u"], rotated.get("g", rotated["u"]), ctx)
             y = b.coords["u"]
             cfg = self.config
-            out.append({"u": finish((q @ n).to(y.dtype), b.plan, cfg.update_scale, cfg.adamw_rms, 1.0)})
+            n = n if q is None else q @ n
+            out.append({"u": finish(n.to(y.dtype), b.plan, cfg.update_scale, cfg.adamw_rms, 1.0)})
         return out
 
     def adam(self, b: BlockStep, u: torch.Tensor, g: torch.Tensor, ctx: StepContext) -> torch.Tensor:

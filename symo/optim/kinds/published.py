@@ -39,6 +39,7 @@ from .base import (
     batched,
     finish,
     refresh_due,
+    statistic_shape,
 )
 
 PORT_BETA_FLOOR = 1e-4  # the debiasing counters stop decaying here, so 1 - beta^t never reaches 1 exactly
@@ -57,6 +58,8 @@ class PublishedConfig(StatisticOptions):
     """all: s_max over the whole matrix (every block), as published; block: per block (see the module)."""
     precondition_frequency: int = 1
     """Recompute H_inv every this many steps (the statistics update every step); 1 is the published step."""
+    max_precond_dim: int = 2048
+    """A block whose multiplicity exceeds this keeps only the diagonals of S_g and S_w (H_inv elementwise)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -76,12 +79,20 @@ def debias(beta: float, t: int) -> float:
     return 1.0 - max(beta ** t, PORT_BETA_FLOOR)
 
 
-def damped_power(evals: torch.Tensor, evecs: torch.Tensor, p: float, damping: float, s_max: torch.Tensor
+def damped_power(evals: torch.Tensor, evecs: torch.Tensor | None, p: float, damping: float, s_max: torch.Tensor
                  ) -> torch.Tensor:
-    """U diag((damping s_max + |lambda|)^p) U^T, with a zero to a negative power taken as 0."""
+    """U diag((damping s_max + |lambda|)^p) U^T, with a zero to a negative power taken as 0; for a diagonal
+    statistic (evecs None, evals (batch, mult, 1)) the diagonal of that."""
     s = evals.abs() + damping * s_max
     f = s.pow(p) if p >= 0 else torch.where(s > 0, s.pow(p), torch.zeros_like(s))
-    return (evecs * f.unsqueeze(-2)) @ evecs.transpose(-1, -2)
+    return f if evecs is None else (evecs * f.unsqueeze(-2)) @ evecs.transpose(-1, -2)
+
+
+def eigen(mats: list[torch.Tensor], diagonal: list[bool]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """eigh of each symmetric matrix (same-size ones batched); a diagonal one (batch, mult, 1) is its own."""
+    full = batched(torch.linalg.eigh, [m for m, diag in zip(mats, diagonal) if not diag])
+    it = iter(full)
+    return [(m, None) if diag else next(it) for m, diag in zip(mats, diagonal)]
 
 
 class Published(Kind):
@@ -94,7 +105,7 @@ class Published(Kind):
         self.changes = RefreshOnChange()
 
     def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:
-        m = (block.batch, block.mult, block.mult)
+        m = statistic_shape(block, self.options.max_precond_dim)
         return {"step": None, "ema": m, "precond": m}
 
     def check(self, n_stages: int) -> None:
@@ -114,36 +125,43 @@ class Published(Kind):
             st = b.state
             st["step"] = t = st.get("step", 0) + 1
             delta = self.centred(b, b.coords["u"].to(ctx.stats_dtype) / debias(ctx.beta1, t))
-            stat = delta @ delta.transpose(-1, -2) / b.plan.dim
+            stat = self.second_moment(b, delta)
             ema = st.get("ema", torch.zeros_like(stat))
             st["ema"] = ema.mul(o.beta2).add(stat, alpha=1 - o.beta2)
+
+    def second_moment(self, b: BlockStep, x: torch.Tensor) -> torch.Tensor:
+        """X X^T / d, or its diagonal above the size cap."""
+        if b.plan.mult > self.options.max_precond_dim:
+            return (x * x).sum(dim=-1, keepdim=True) / b.plan.dim
+        return x @ x.transpose(-1, -2) / b.plan.dim
 
     def due(self, stage: int, block: BlockStep) -> bool:
         return self.changes.due(stage) or refresh_due(block.state, self.options.precondition_frequency, "precond")
 
     def refresh(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
-        d, scope = self.options.damping, self.options.damping_scope
-        sws = []
-        for b in blocks:
-            w = self.centred(b, b.weight().to(ctx.stats_dtype))
-            sws.append(w @ w.transpose(-1, -2) / b.plan.dim)
-        w_eigs = batched(torch.linalg.eigh, [sw.to(torch.float64) for sw in sws])
+        o = self.options
+        d, scope = o.damping, o.damping_scope
+        diagonal = [b.plan.mult > o.max_precond_dim for b in blocks]
+        sws = [self.second_moment(b, self.centred(b, b.weight().to(ctx.stats_dtype))).to(torch.float64)
+               for b in blocks]
+        # a diagonal statistic is its own eigendecomposition: eigenvalues the entries, eigenvectors the identity
+        w_eigs = eigen(sws, diagonal)
         w_max = self._s_max([e for e, _ in w_eigs], scope)
         halves = [damped_power(e, u, 0.5, d, s) for (e, u), s in zip(w_eigs, w_max)]
-        beta2 = self.options.beta2
-        inners = [h @ (b.state["ema"].to(torch.float64) / debias(beta2, b.state["step"])) @ h
-                  for h, b in zip(halves, blocks)]
-        i_eigs = batched(torch.linalg.eigh, inners)
+        sgs = [b.state["ema"].to(torch.float64) / debias(o.beta2, b.state["step"]) for b in blocks]
+        inners = [h * sg * h if diag else h @ sg @ h for h, sg, diag in zip(halves, sgs, diagonal)]
+        i_eigs = eigen(inners, diagonal)
         i_max = self._s_max([e for e, _ in i_eigs], scope)
-        for b, h, (e, u), s in zip(blocks, halves, i_eigs, i_max):
-            b.state["precond"] = (h @ damped_power(e, u, -0.5, d, s) @ h).to(ctx.stats_dtype)
+        for b, h, (e, u), s, diag in zip(blocks, halves, i_eigs, i_max, diagonal):
+            inner = damped_power(e, u, -0.5, d, s)
+            b.state["precond"] = (h * inner * h if diag else h @ inner @ h).to(ctx.stats_dtype)
         self.changes.refreshed(stage)
 
     @staticmethod
     def _s_max(evals: list[torch.Tensor], scope: str) -> list[torch.Tensor]:
         """Each block's damping reference: its own largest |eigenvalue| per batch element, or the largest
         over every block (the whole matrix) for scope "all"."""
-        own = [e.abs().amax(dim=-1, keepdim=True) for e in evals]
+        own = [e.abs().flatten(1).amax(dim=-1).reshape(-1, *([1] * (e.dim() - 1))) for e in evals]
         if scope == "block" or not own:
             return own
         top = torch.stack([x.amax() for x in own]).amax()
@@ -155,6 +173,7 @@ class Published(Kind):
         out = []
         for b in blocks:
             y, precond = b.coords["u"], b.state["precond"]
-            z = (precond @ y.to(precond.dtype)).to(y.dtype)
+            diagonal = b.plan.mult > self.options.max_precond_dim
+            z = ((precond * y.to(precond.dtype)) if diagonal else (precond @ y.to(precond.dtype))).to(y.dtype)
             out.append({"u": finish(z, b.plan, cfg.update_scale, cfg.adamw_rms, 1.0)})
         return out

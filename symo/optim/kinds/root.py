@@ -24,9 +24,12 @@ from .base import (
     RefreshOnChange,
     StepContext,
     batched,
+    diagonal_power,
     finish,
+    fold_diagonal,
     fold_statistic,
     refresh_due,
+    statistic_shape,
     update_scale_factor,
 )
 
@@ -79,16 +82,18 @@ class Root(Kind):
         return "newton_schulz" if large else "eigh"
 
     def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:
-        shapes: dict[str, tuple[int, ...] | None] = {"step": None, "precond": (block.batch, block.mult, block.mult)}
+        stat = statistic_shape(block, self.options.max_precond_dim)
+        shapes: dict[str, tuple[int, ...] | None] = {"step": None, "precond": stat}
         if self.options.beta2 > 0:
-            shapes["ema"] = (block.batch, block.mult, block.mult)
+            shapes["ema"] = stat
         return shapes
 
     def update(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
         o = self.options
         self.changes.check(stage, (self.stage_power(ctx.n_stages), o.damping, o.damping_mode))
         for b in blocks:
-            b.scratch["average"] = fold_statistic(b.state, b.stat, b.plan.dim, self.options.beta2, ctx.stats_dtype)
+            fold = fold_diagonal if b.plan.mult > o.max_precond_dim else fold_statistic
+            b.scratch["average"] = fold(b.state, b.stat, b.plan.dim, o.beta2, ctx.stats_dtype)
 
     def due(self, stage: int, block: BlockStep) -> bool:
         return self.changes.due(stage) or refresh_due(block.state, self.options.precondition_frequency, "precond")
@@ -98,6 +103,9 @@ class Root(Kind):
         power, absolute = self.stage_power(ctx.n_stages), o.damping_mode == "absolute"
         by_backend: dict[str, list[BlockStep]] = {}
         for b in blocks:
+            if b.plan.mult > o.max_precond_dim:
+                b.state["precond"] = diagonal_power(b.scratch["average"], power, o.damping, absolute)
+                continue
             by_backend.setdefault(b.plan.backend, []).append(b)
         for backend, group in by_backend.items():
             where = group[0].plan.where if len(group) == 1 else f"{len(group)} blocks ({group[0].plan.where}, ...)"
@@ -116,7 +124,8 @@ class Root(Kind):
         out = []
         for b in blocks:
             y, precond = b.coords["u"], b.state["precond"]
-            z = (precond @ y.to(precond.dtype)).to(y.dtype)
+            diagonal = b.plan.mult > self.options.max_precond_dim
+            z = ((precond * y.to(precond.dtype)) if diagonal else (precond @ y.to(precond.dtype))).to(y.dtype)
             scale = update_scale_factor(b.plan, cfg.update_scale, power, stage == 0)
             out.append({"u": finish(z, b.plan, cfg.update_scale if last else "natural", cfg.adamw_rms, scale)})
         return out

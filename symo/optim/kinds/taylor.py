@@ -20,9 +20,12 @@ from .base import (
     PowerOptions,
     RefreshOnChange,
     StepContext,
+    diagonal_power,
     finish,
+    fold_diagonal,
     fold_statistic,
     refresh_due,
+    statistic_shape,
     update_scale_factor,
 )
 
@@ -44,16 +47,18 @@ class Taylor(Kind):
         self.changes = RefreshOnChange()
 
     def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:
-        shapes: dict[str, tuple[int, ...] | None] = {"step": None, "precond": (block.batch, block.mult, block.mult)}
+        stat = statistic_shape(block, self.options.max_precond_dim)
+        shapes: dict[str, tuple[int, ...] | None] = {"step": None, "precond": stat}
         if self.options.beta2 > 0:
-            shapes["ema"] = (block.batch, block.mult, block.mult)
+            shapes["ema"] = stat
         return shapes
 
     def update(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
         o = self.options
         self.changes.check(stage, (o.power, o.damping, o.damping_mode))
         for b in blocks:
-            b.scratch["average"] = fold_statistic(b.state, b.stat, b.plan.dim, self.options.beta2, ctx.stats_dtype)
+            fold = fold_diagonal if b.plan.mult > o.max_precond_dim else fold_statistic
+            b.scratch["average"] = fold(b.state, b.stat, b.plan.dim, o.beta2, ctx.stats_dtype)
 
     def due(self, stage: int, block: BlockStep) -> bool:
         return self.changes.due(stage) or refresh_due(block.state, self.options.precondition_frequency, "precond")
@@ -63,6 +68,9 @@ class Taylor(Kind):
         absolute = o.damping_mode == "absolute"
         for b in blocks:
             average = b.scratch["average"]
+            if b.plan.mult > o.max_precond_dim:  # above the size cap: the diagonal of S_g, as root does
+                b.state["precond"] = diagonal_power(average, o.power, o.damping, absolute)
+                continue
             if b.plan.trivial:
                 b.state["precond"] = stored_power(average, o.power, b.plan.backend, b.plan.where, o.damping, absolute)
                 continue
@@ -77,7 +85,8 @@ class Taylor(Kind):
         out = []
         for b in blocks:
             y, precond = b.coords["u"], b.state["precond"]
-            z = (precond @ y.to(precond.dtype)).to(y.dtype)
+            diagonal = b.plan.mult > o.max_precond_dim
+            z = ((precond * y.to(precond.dtype)) if diagonal else (precond @ y.to(precond.dtype))).to(y.dtype)
             scale = update_scale_factor(b.plan, cfg.update_scale, o.power, True)
             out.append({"u": finish(z, b.plan, cfg.update_scale, cfg.adamw_rms, scale)})
         return out

@@ -83,12 +83,13 @@ class ThenOrthogonalize(Kind):
             view.preconditioner = SimpleNamespace(
                 statistic=o.statistic, beta2=o.beta2, damping=o.damping, damping_mode=o.damping_mode,
                 precondition_frequency=o.precondition_frequency, power=None, backend="eigh", eigh_max_size=0,
-                ns_inverse_steps=1, geometric_mean_with=o.geometric_mean_with)
+                ns_inverse_steps=1, geometric_mean_with=o.geometric_mean_with, max_precond_dim=o.max_precond_dim)
             return Root(view)
         view.preconditioner = SimpleNamespace(
             statistic=o.statistic, beta2=o.beta2, precondition_frequency=o.precondition_frequency,
             adam_beta2=DEFAULT_ADAM_BETA2 if o.adam_beta2 is None else o.adam_beta2,
-            eps=DEFAULT_EPS if o.eps is None else o.eps, geometric_mean_with=o.geometric_mean_with)
+            eps=DEFAULT_EPS if o.eps is None else o.eps, geometric_mean_with=o.geometric_mean_with,
+            max_precond_dim=o.max_precond_dim)
         return EigenAdam(view)
 
     def _sync(self, n_stages: int) -> None:
