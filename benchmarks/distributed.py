@@ -44,8 +44,9 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import symo.optim.optimizer as optimizer_module
+import symo.optim.kinds.polar as polar_kind
 from symo.optim import Symo
+from symo.optim.kinds.root import Root
 from symo.train.models import GPT
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -110,23 +111,24 @@ def _bytes(t: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def counting_matrix_functions(calls: Counter):
-    """Count the matrix-function calls per block (the Muon path's and the stored statistics'), by wrapping
-    the two functions the step calls; the tests count with it too."""
-    single, stored = optimizer_module.single_statistic_apply, optimizer_module.stored_power
+    """Count the matrix functions per block (the polar kind's, and the root kind's refreshes of stored
+    statistics), by wrapping the two places the step computes them; the tests count with it too."""
+    single, refresh = polar_kind.current_statistic_apply, Root.refresh
 
     def single_counted(y, ys, c, *a, **k):
         calls[c.where] += 1
         return single(y, ys, c, *a, **k)
 
-    def stored_counted(a, power, cfg, backend, where, *rest, **k):
-        calls[where] += 1
-        return stored(a, power, cfg, backend, where, *rest, **k)
+    def refresh_counted(self, stage, blocks, ctx):
+        for b in blocks:
+            calls[b.plan.where] += 1
+        return refresh(self, stage, blocks, ctx)
 
-    optimizer_module.single_statistic_apply, optimizer_module.stored_power = single_counted, stored_counted
+    polar_kind.current_statistic_apply, Root.refresh = single_counted, refresh_counted
     try:
         yield
     finally:
-        optimizer_module.single_statistic_apply, optimizer_module.stored_power = single, stored
+        polar_kind.current_statistic_apply, Root.refresh = single, refresh
 
 
 def run_one(spec: str, wrap: str, mode: str, warmup: int, steps: int, world: int, rank: int,

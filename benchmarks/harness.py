@@ -5,7 +5,7 @@ machine's description, and the statistics the tables print.
     pool = RunPool(train_one, cache, workers=2, desc="runs")
     pool.submit({"key": "adamw/lr0.004/seed0", ...})      # cached runs come back without training
     pool.run(on_done)                                       # on_done(job, record) may submit more jobs
-    write_results(RESULTS, "NAME", markdown, data)          # NAME.md and NAME.json, each written atomically
+    write_results(RESULTS, "NAME", markdown, data)          # benchmarks/results/NAME.{md,json}, atomically
 
 An interrupted campaign continues where it stopped: every finished run is in the cache before the next
 one is reported, and a finished campaign rebuilds its report from the cache without training.
@@ -156,7 +156,7 @@ def machine() -> dict[str, Any]:
 
 
 def write_results(out_dir: Path, name: str, markdown: str, data: dict[str, Any]) -> None:
-    """NAME.md and NAME.json in `out_dir`, each written atomically; the JSON gains a "machine" entry."""
+    """The name's .md and .json files in `out_dir`, each written atomically; the JSON gains a "machine" entry."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / f"{name}.md", markdown if markdown.endswith("\n") else markdown + "\n")

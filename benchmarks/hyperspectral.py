@@ -38,19 +38,19 @@ LEVELS = (3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
 DENSITIES = (0.15, 0.25)
 SELECT_SEEDS, REPORT_SEEDS = (42, 123), (42, 123, 456, 789)
 GRIDS = {"gd": (0.3, 1, 3, 10, 30), "adam": (1e-3, 3e-3, 1e-2), "scalar_adam": (3e-3, 1e-2, 3e-2),
-         "muon": (0.01, 0.03, 0.1), "symo": (3e-3, 1e-2, 3e-2), "symo_paper": (1e-3, 3e-3, 1e-2)}
+         "muon": (0.01, 0.03, 0.1), "symo": (3e-3, 1e-2, 3e-2), "symo_notebook": (1e-3, 3e-3, 1e-2)}
 # The grids run: the protocol's plus rates beyond their top ends until every chosen rate was bracketed
 # (larger rates reach the levels in fewer steps; GD's choice kept climbing to 30000). The md names the
 # added points.
 EXTENDED_GRIDS = {"gd": (0.3, 1, 3, 10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000),
                   "adam": (1e-3, 3e-3, 1e-2, 3e-2, 0.1), "scalar_adam": (3e-3, 1e-2, 3e-2, 0.1),
-                  "muon": (0.01, 0.03, 0.1, 0.3), "symo": (3e-3, 1e-2, 3e-2), "symo_paper": (1e-3, 3e-3, 1e-2)}
-# Rules whose step is expensive (the paper preset: a 2200-square float64 eigh every step, about 2 s against the
+                  "muon": (0.01, 0.03, 0.1, 0.3), "symo": (3e-3, 1e-2, 3e-2), "symo_notebook": (1e-3, 3e-3, 1e-2)}
+# Rules whose step is expensive (the notebook preset: a 2200-square float64 eigh every step, about 2 s against the
 # defaults' 5 ms)
 # select their rate in two rounds, which chooses exactly the rate the protocol's rule chooses (see
 # pruning_budget): the grid's middle rate first, then every other rate with its runs stopped at the step
 # after which they can no longer be chosen.
-PRUNED_RULES = ("symo_paper",)
+PRUNED_RULES = ("symo_notebook",)
 QUICK_GRIDS = {r: g[len(g) // 2: len(g) // 2 + 1] for r, g in GRIDS.items()}
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -259,8 +259,8 @@ def render_md(data, detail, command: str, args, grids) -> str:
                   "rate is bracketed; the selection rule is the protocol's.", ""]
     stops = [f"{r} {e['selection_runs_stopped_at']} steps at density {d}" for d, entry in data.items()
              for r, e in entry.items() if e.get("selection_runs_stopped_at", args.max_steps) < args.max_steps]
-    if len(grids.get("symo_paper", ())) > 1:
-        lines += ["symo_paper is the paper preset (averaged S_g, no momentum, float64 statistics, the inverse "
+    if len(grids.get("symo_notebook", ())) > 1:
+        lines += ["symo_notebook is the notebook preset (averaged S_g, no momentum, float64 statistics, the inverse "
                   "root every step). Its one O(48) block has multiplicity pixels + 200, so its step is a "
                   f"{args.pixels + 200}-square eigh. Its rate is chosen in two rounds that choose what the "
                   "protocol's rule chooses: the grid's middle rate on both selection seeds first; then every "

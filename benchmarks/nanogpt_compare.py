@@ -54,19 +54,19 @@ SMALL_NOTES = (
     "loss; every chosen rate is inside its grid. Then seeds 1 and 2 at the chosen rate (3 seeds in all). Runs "
     "went to 2 worker processes, 1 thread each. Muon and Symo use AdamW at 3e-3 (not tuned) for embeddings, "
     "LayerNorm gains and biases; AdamW alone uses its tuned rate everywhere. Steps to target are counted at the "
-    "evaluations (every 20 steps). The paper preset (averaged S_g: EMA 0.95 of the raw gradient's block "
+    "evaluations (every 20 steps). The notebook preset (averaged S_g: EMA 0.95 of the raw gradient's block "
     "statistics, no momentum, no damping, float64 statistics, natural scale) has Adam-like rates, so its grid "
     "is AdamW's.",
     "",
     "**Reading.** Muon reaches the target in 0.36x AdamW's steps. Symo with the Muon-style spec and its "
     "defaults (Muon's step) ties Muon: final loss 1.8454 against 1.8462, 140 steps to target against 127 (one "
-    "20-step evaluation). The true-symmetry spec with the same step is 0.016 behind. The paper preset, Symo's "
+    "20-step evaluation). The true-symmetry spec with the same step is 0.016 behind. The notebook preset, Symo's "
     "averaged curvature, loses here: 1.9077 (Muon-style spec) and 1.8951 (true-symmetry spec) against Muon's "
     "1.8462, about one seed spread behind, although the true-symmetry spec reaches the target as early as Muon "
     "(133 steps). Two reasons, as on the other minibatch benchmarks (docs/where_symmetry_helps.md): the preset "
     "has no momentum, and the averaged statistic whitens the minibatch noise as faithfully as the signal. "
     "Within the preset the true symmetry beats the Muon-style spec (1.8951 against 1.9077), the reverse of the "
-    "momentum step. Its cost on CPU: the paper preset stores each block's mult x mult statistic and takes its "
+    "momentum step. Its cost on CPU: the notebook preset stores each block's mult x mult statistic and takes its "
     "float64 inverse square root every step, 3.3x (Muon-style spec) and 6.8x (true-symmetry spec) AdamW's "
     "time per step, against Muon's 1.4x.",
 )
@@ -79,7 +79,7 @@ REFERENCE_NOTES = (
     "",
     "**Reading.** Muon reaches the target in 0.47x AdamW's steps, and Symo with its defaults and the Muon-style "
     "spec (Muon's step) ties it: 1.5542 against 1.5520, inside one seed spread; the true-symmetry spec with the "
-    "same step is 0.011 behind. The paper preset loses by more than one seed spread: 1.6102 (Muon-style spec) "
+    "same step is 0.011 behind. The notebook preset loses by more than one seed spread: 1.6102 (Muon-style spec) "
     "and 1.6322 (true-symmetry spec) against Muon's 1.5520, 0.058 and 0.080 behind, and 1.3x and 1.4x Muon's "
     "steps to the target. Unlike the small run, the Muon-style spec beats the true symmetry within the preset "
     "too, by 0.022, more than the seed spread; we have not isolated why (the run changes batch, context and "
@@ -93,23 +93,23 @@ VARIANTS = {
     "muon": {"optimizer": "muon"},
     "symo_muon": {"optimizer": "symo", "spec": "gpt_muon"},
     "symo_true": {"optimizer": "symo", "spec": "gpt_true"},
-    # the paper preset: averaged S_g (EMA 0.95 of the raw gradient's block statistics), no momentum,
+    # the notebook preset: averaged S_g (EMA 0.95 of the raw gradient's block statistics), no momentum,
     # natural scale (Adam-like rates), so its rates get their own grid
-    "symo_muon_paper": {"optimizer": "symo", "spec": "gpt_muon", "preset": "paper"},
-    "symo_true_paper": {"optimizer": "symo", "spec": "gpt_true", "preset": "paper"},
+    "symo_muon_notebook": {"optimizer": "symo", "spec": "gpt_muon", "preset": "notebook"},
+    "symo_true_notebook": {"optimizer": "symo", "spec": "gpt_true", "preset": "notebook"},
 }
 GRIDS = {  # learning rate of the hidden matrices (AdamW: of every parameter)
     "adamw": [2e-3, 4e-3, 8e-3],
     "muon": [0.01, 0.02, 0.04],
     "symo_muon": [0.01, 0.02, 0.04],
     "symo_true": [0.01, 0.02, 0.04],
-    "symo_muon_paper": [2e-3, 4e-3, 8e-3],
-    "symo_true_paper": [2e-3, 4e-3, 8e-3],
+    "symo_muon_notebook": [2e-3, 4e-3, 8e-3],
+    "symo_true_notebook": [2e-3, 4e-3, 8e-3],
 }
 LABELS = {"adamw": "AdamW", "muon": "Muon", "symo_muon": "Symo, Muon-style spec (gpt_muon)",
           "symo_true": "Symo, true-symmetry spec (gpt_true)",
-          "symo_muon_paper": "Symo paper preset, Muon-style spec (gpt_muon)",
-          "symo_true_paper": "Symo paper preset, true-symmetry spec (gpt_true)"}
+          "symo_muon_notebook": "Symo notebook preset, Muon-style spec (gpt_muon)",
+          "symo_true_notebook": "Symo notebook preset, true-symmetry spec (gpt_true)"}
 
 
 def run_one(job: dict) -> dict:
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                     for seed in range(1, args.seeds):
                         submit(v, best, seed)
 
-    for v in reversed(variants):  # the slowest (paper preset) first, so that the pool's tail is short
+    for v in reversed(variants):  # the slowest (notebook preset) first, so that the pool's tail is short
         for lr in list(grids[v]):
             submit(v, lr, 0)
     pool.run(on_done)

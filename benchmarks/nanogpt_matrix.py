@@ -67,6 +67,14 @@ ARMS: dict[str, dict[str, Any]] = {
                                "grid": [0.01, 0.02, 0.04], "label": "Symo defaults, gpt_muon"},
     "symo_defaults_gpt_true": {"kind": "symo", "spec": "gpt_true", "options": {"update_scale": "muon"},
                                "grid": [0.01, 0.02, 0.04], "label": "Symo defaults, gpt_true"},
+    **{f"symo_{kind}_{spec}": {"kind": "symo", "spec": spec, "options": options, "grid": grid,
+                              "label": f"Symo {kind}, {spec}"}
+       for kind, options, grid in (
+           # the published step with H_inv refreshed every 10 steps (every step costs 5-20x Muon's step here)
+           ("published", {"preset": "published", "precondition_frequency": 10}, [0.015, 0.03, 0.06]),
+           ("eigen_adam", {"preset": "eigen_adam"}, [1.5e-3, 3e-3, 6e-3]),
+           ("then_orthogonalize", {"preset": "then_orthogonalize"}, [0.01, 0.02, 0.04]))
+       for spec in ("gpt_true", "gpt_muon")},
 }
 
 

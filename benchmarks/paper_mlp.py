@@ -5,7 +5,7 @@
   Q the orthogonal factor of a Gaussian matrix; 5000 train and 5000 test points; y = teacher(x), no noise.
 - Loss ||out - y||^2 / N / 2; full batch; 100 updates; 3 seeds (a seed draws Q, data, teacher, student);
   model and data in float32.
-- symo: `Symo(..., preset="paper")`, one signed_perm hidden space (fc1 rows, fc2 columns; the same spec
+- symo: `Symo(..., preset="notebook")`, one signed_perm hidden space (fc1 rows, fc2 columns; the same spec
   for the linear network), lr_t = alpha * beta^t (t = update index from 0). gd: lr 0.8. adam: lr 0.01.
 - shampoo (written here): per weight matrix L += G G^T, R += G^T G from eps I, w -= lr L^{-1/4} G R^{-1/4}
   (powers by float64 SVD), lr 0.8.
@@ -180,7 +180,7 @@ def make_optimizer(kind: str, net: Net, act: str, lr: float | None = None):
     cfg = SETTINGS[act]
     if kind in ("symo", "symo_float64", "symo_stats_float32"):
         extra = {"stats_dtype": "float32"} if kind == "symo_stats_float32" else {}
-        opt = symo.Symo(net.named_parameters(), symo.parse_spec(spec_toml()), preset="paper", **extra)
+        opt = symo.Symo(net.named_parameters(), symo.parse_spec(spec_toml()), preset="notebook", **extra)
         alpha, beta = cfg["symo"]["alpha"], cfg["symo"]["beta"]
         return opt, lambda t: alpha * beta ** t
     if kind == "symo_defaults":
@@ -347,7 +347,7 @@ def write(results: dict, linear_fit: dict[str, list[float]], meta: dict, out: Pa
              "float32 sums (|eigenvalue|^p with the eigenvalue's sign, so a sum rounded below zero stays finite). "
              "K-FAC's G is the second moment of the mean loss's pre-activation gradients, the scale the paper's "
              "rate and damping were chosen for; `kfac_per_point` builds G from N times those gradients (the "
-             "per-point curvature) at the same rate and damping. `symo_stats_float32` is the paper preset with "
+             "per-point curvature) at the same rate and damping. `symo_stats_float32` is the notebook preset with "
              "`stats_dtype=\"float32\"`.", "", "## Targets (float32, from the paper's figure)", "",
              "| activation | Symo (preset paper) | target | measured | |", "|---|---|---:|---:|---|"]
     for act, t, target, value, ok in target_check(results):

@@ -11,7 +11,7 @@ Optimizers (each at its own learning rate, tuned on seed 0 at the reported lengt
 extended while the best rate sits at its edge):
 - symo_rnn:  Symo on specs/rnn_tanh.toml (signed_perm hidden units, W_hh as Q W Q^T: a repeated space), natural scale;
 - symo_rnn_ema: the same with an EMA of the curvature factors (beta2 = 0.95) instead of one step's;
-- symo_rnn_paper: the same spec with preset="paper" (EMA 0.95 of the raw gradient's statistics, no
+- symo_rnn_notebook: the same spec with preset="notebook" (EMA 0.95 of the raw gradient's statistics, no
   momentum, no damping, float64 powers);
 - symo_muon: Symo on specs/rnn_muon.toml (a private row space per matrix; biases to its AdamW), Muon scale;
 - adam:      torch.optim.Adam;
@@ -44,7 +44,7 @@ BIAS_LR = 1e-3
 GRIDS = {
     "symo_rnn": [1e-3, 3e-3, 1e-2, 3e-2],
     "symo_rnn_ema": [1e-3, 3e-3, 1e-2, 3e-2],
-    "symo_rnn_paper": [1e-3, 3e-3, 1e-2, 3e-2],
+    "symo_rnn_notebook": [1e-3, 3e-3, 1e-2, 3e-2],
     "symo_muon": [5e-3, 1e-2, 2e-2, 5e-2],
     "adam": [1e-3, 3e-3, 1e-2, 3e-2],
     "muon": [5e-3, 1e-2, 2e-2, 5e-2],
@@ -78,9 +78,10 @@ def make_optimizers(name: str, model: torch.nn.Module, lr: float) -> list[torch.
     if name == "symo_rnn":
         return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", lr=lr, update_scale="natural")]
     if name == "symo_rnn_ema":
-        return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", lr=lr, update_scale="natural", beta2=0.95)]
-    if name == "symo_rnn_paper":  # the published method: averaged S_g^{-1/2} g, no momentum, float64 powers
-        return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", lr=lr, preset="paper")]
+        return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", preconditioner="root", lr=lr,
+                          update_scale="natural", beta2=0.95)]
+    if name == "symo_rnn_notebook":  # the published method: averaged S_g^{-1/2} g, no momentum, float64 powers
+        return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", lr=lr, preset="notebook")]
     if name == "symo_muon":
         return [symo.Symo(named, ROOT / "specs" / "rnn_muon.toml", lr=lr, update_scale="muon", adamw_lr=BIAS_LR)]
     if name == "adam":

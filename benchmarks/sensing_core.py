@@ -21,12 +21,13 @@ STOP_EVERY, STOP_LOSS, DIVERGED = 200, 1e-7, 1e8
 # rules of the zoo beyond symo.experiments.zoo.RULES: Symo (O(k) gauge, defaults) and a variant
 SYMO_RULES = {
     "symo": {},                                           # Gram polar rule, momentum 0.95 Nesterov
-    "symo_ema": {"beta2": 0.999, "source": "gradient"},  # Adam-like EMA of the Gram statistic
-    # the paper preset (averaged S_g^{-1/2} g, no momentum, float64 statistics). The O(k) gauge on U (m x k)
+    # an Adam-like EMA of the Gram statistic
+    "symo_ema": {"preconditioner": "root", "beta2": 0.999, "statistic": "gradient"},
+    # the notebook preset (averaged S_g^{-1/2} g, no momentum, float64 statistics). The O(k) gauge on U (m x k)
     # and V (n x k) makes one block of multiplicity m + n, so its inverse root is an (m+n)-square eigh every
     # step. It is not refreshed less often: an undamped root that misses the newest gradient amplifies that
     # gradient's part in the statistic's weakest directions (every hyperspectral run diverged by step 13 so).
-    "symo_paper": {"preset": "paper"},
+    "symo_notebook": {"preset": "notebook"},
 }
 
 

@@ -1,9 +1,10 @@
-"""Start-up cost of the command line: `symo --help` and `symo --version` against `import torch`.
+"""Start-up cost of the command line: `symo --help`, `symo --version` and an argument error of `symo train`
+(`symo train --steps -1`, which must answer before torch is imported) against `import torch`.
 
 Each command runs in a fresh interpreter (the one running this script, so the installed package is
 what is measured), `--runs` times (default 5, after one untimed warm-up run each that fills the file
-system cache); the median wall time is reported, and for `--help` and `--version` the ratio to
-`python -c "import torch"`. The goal is under 1.15x: neither command imports torch, sympy or networkx.
+system cache); the median wall time is reported, and for `--help`, `--version` and the argument error the
+ratio to `python -c "import torch"`. The goal is under 1.15x: none of them imports torch, sympy or networkx.
 
     python -m benchmarks.startup              # writes benchmarks/results/startup.{md,json}
     python -m benchmarks.startup --runs 11
@@ -32,14 +33,16 @@ def symo_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "symo"]
 
 
-def wall_time(command: list[str], runs: int) -> float:
-    """Median wall time in seconds of `command` over `runs` runs, after one untimed warm-up run."""
+def wall_time(command: list[str], runs: int, status: int = 0) -> float:
+    """Median wall time in seconds of `command` (which must exit with `status`) over `runs` runs, after one
+    untimed warm-up run."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     times = []
     for i in range(runs + 1):
         start = time.perf_counter()
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                       cwd=RESULTS)
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=RESULTS)
+        if done.returncode != status:
+            raise RuntimeError(f"{command} exited with {done.returncode}, not {status}")
         if i:  # the first run only warms the file system cache
             times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -51,9 +54,11 @@ def measure(runs: int) -> dict[str, float]:
     symo_s = wall_time([*python, "import symo"], runs)
     help_s = wall_time([*symo_command(), "--help"], runs)
     version_s = wall_time([*symo_command(), "--version"], runs)
+    error_s = wall_time([*symo_command(), "train", "--steps", "-1"], runs, status=2)
     return {"import_torch_s": round(torch_s, 4), "import_symo_s": round(symo_s, 4), "help_s": round(help_s, 4),
-            "version_s": round(version_s, 4), "help_x_torch": round(help_s / torch_s, 3),
-            "version_x_torch": round(version_s / torch_s, 3)}
+            "version_s": round(version_s, 4), "train_arg_error_s": round(error_s, 4),
+            "help_x_torch": round(help_s / torch_s, 3), "version_x_torch": round(version_s / torch_s, 3),
+            "train_arg_error_x_torch": round(error_s / torch_s, 3)}
 
 
 def report(result: dict[str, float], runs: int, load: tuple[float, float, float]) -> str:
@@ -61,8 +66,9 @@ def report(result: dict[str, float], runs: int, load: tuple[float, float, float]
     rows = [("`python -c \"import torch\"`", torch_s, 1.0),
             ("`python -c \"import symo\"`", result["import_symo_s"], result["import_symo_s"] / torch_s),
             ("`symo --help`", result["help_s"], result["help_x_torch"]),
-            ("`symo --version`", result["version_s"], result["version_x_torch"])]
-    ok = max(result["help_x_torch"], result["version_x_torch"]) < GOAL
+            ("`symo --version`", result["version_s"], result["version_x_torch"]),
+            ("`symo train --steps -1` (error, exit 2)", result["train_arg_error_s"], result["train_arg_error_x_torch"])]
+    ok = max(result["help_x_torch"], result["version_x_torch"], result["train_arg_error_x_torch"]) < GOAL
     lines = [
         "# Start-up time of the command line",
         "",
@@ -73,8 +79,8 @@ def report(result: dict[str, float], runs: int, load: tuple[float, float, float]
         "|---|---|---|",
         *[f"| {name} | {seconds:.3f} | {ratio:.2f} |" for name, seconds, ratio in rows],
         "",
-        f"Goal: `symo --help` and `symo --version` under {GOAL}x `import torch`: "
-        f"{'met' if ok else 'NOT met'}. Neither imports torch, sympy or networkx (tests/test_startup.py "
+        f"Goal: `symo --help`, `symo --version` and a `symo train` argument error under {GOAL}x `import torch`: "
+        f"{'met' if ok else 'NOT met'}. None of them imports torch, sympy or networkx (tests/test_startup.py "
         "checks that without timing); they pay for the interpreter, argparse and symo's own small modules.",
         "",
         f"Measured on a shared machine ({os.cpu_count()} cores, load average {load[0]:.2f} / {load[1]:.2f} / "

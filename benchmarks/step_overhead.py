@@ -119,8 +119,8 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
                                                                 preset="muon")
     for spec, label in (("gpt.toml", "per-head"),):
         for stats in ("float64", "float32"):
-            makers[f"Symo preset=paper, {label} ({spec}), {stats} statistics"] = (
-                lambda m, spec=spec, stats=stats: Symo(m.named_parameters(), ROOT / "specs" / spec, preset="paper",
+            makers[f"Symo preset=notebook, {label} ({spec}), {stats} statistics"] = (
+                lambda m, spec=spec, stats=stats: Symo(m.named_parameters(), ROOT / "specs" / spec, preset="notebook",
                                                        stats_dtype=stats))
     if compile_step:
         makers["Symo Muon-style, torch.compile"] = lambda m: Symo(
@@ -230,10 +230,10 @@ def main(argv: list[str] | None = None) -> None:
             if "median" in a and "median" in b:
                 notes.append(f"{default}: step time, {what}: {a['median'] / b['median']:.2f}x")
     for label in ("per-head (gpt.toml)",):
-        a = results.get(f"Symo preset=paper, {label}, float64 statistics", {})
-        b = results.get(f"Symo preset=paper, {label}, float32 statistics", {})
+        a = results.get(f"Symo preset=notebook, {label}, float64 statistics", {})
+        b = results.get(f"Symo preset=notebook, {label}, float32 statistics", {})
         if "median" in a and "median" in b:
-            notes.append(f"Symo preset=paper, {label}: step time with float64 statistics (the default) / float32: "
+            notes.append(f"Symo preset=notebook, {label}: step time with float64 statistics (the default) / float32: "
                          f"{a['median'] / b['median']:.2f}x; state {a['bytes'] / b['bytes']:.2f}x")
     header = [
         "# Optimizer step overhead (benchmarks/step_overhead.py)",

@@ -40,10 +40,10 @@ from symo import hessian
 from symo.runtime.linalg import newton_schulz
 
 RESULTS = Path(__file__).resolve().parent / "results"
-OPTIMIZERS = ["symo", "symo_paper", "muon", "shampoo", "kfac", "adam", "gd"]
+OPTIMIZERS = ["symo", "symo_notebook", "muon", "shampoo", "kfac", "adam", "gd"]
 GRIDS = {
     "symo": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
-    "symo_paper": [3e-3, 1e-2, 3e-2, 0.1, 0.3],
+    "symo_notebook": [3e-3, 1e-2, 3e-2, 0.1, 0.3],
     "muon": [3e-3, 1e-2, 3e-2, 0.1, 0.3],
     "shampoo": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
     "kfac": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
@@ -123,10 +123,10 @@ def make_optimizer(kind: str, model: torch.nn.Module, lr: float, act: str, preco
         sizes = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
         spec = symo.parse_spec(mc.mlp_spec_toml(len(sizes), mc.GROUP_OF_ACT[act], "true"))
         return symo.Symo(model.named_parameters(), spec, lr=lr)
-    if kind == "symo_paper":  # the published method: averaged S_g^{-1/2} g, no momentum, float64 powers
+    if kind == "symo_notebook":  # the published method: averaged S_g^{-1/2} g, no momentum, float64 powers
         sizes = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
         spec = symo.parse_spec(mc.mlp_spec_toml(len(sizes), mc.GROUP_OF_ACT[act], "true"))
-        return symo.Symo(model.named_parameters(), spec, lr=lr, preset="paper")
+        return symo.Symo(model.named_parameters(), spec, lr=lr, preset="notebook")
     if kind == "muon":
         return Muon(model, lr)
     if kind == "shampoo":
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
                 "Teacher-student MLP 100-70-40 (teacher of the same shape, weights x2, targets standardised, "
                 "noise 0.01), 4000 train / 1000 test Gaussian inputs, full batch, 300 iterations, MSE, float32. "
                 "Symo uses the true group (signed_perm for tanh, orthogonal for linear): `symo` with the "
-                "default options (Muon's step at the natural scale), `symo_paper` with preset='paper' (the "
+                "default options (Muon's step at the natural scale), `symo_notebook` with preset='notebook' (the "
                 "averaged S_g^{-1/2} g of the paper)."}
         write("train_mlp", summaries, meta, out, TITLES["train_mlp"])
     if args.part in ("autoencoder", "both"):

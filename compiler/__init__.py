@@ -30,14 +30,14 @@ from .codegen_repeated import generate_repeated
 from .codegen_template import generate_templated
 from .emit import GeneratedCode
 from .errors import SpecError
-from .parse import GROUPS, ParamRule, SpaceDecl, Spec, load_spec, parse_spec
+from .parse import GROUPS, ParamRule, SpaceDecl, Spec, SpecShadowWarning, load_spec, parse_spec
 from .repeated import derive_repeated, has_repeated_spaces, key_material
 from .structure import IsotypicBlock, Structure, derive_structure
 from .templates import TEMPLATES_VERSION, TemplatePlan, find_families
 
 __all__ = [
     "GROUPS", "BoundSpec", "DiskCache", "GeneratedCode", "GeneratedModule", "IsotypicBlock", "ParamRule",
-    "SpaceDecl", "Spec", "SpecError", "Structure", "bind", "compile_spec", "default_cache_dir",
+    "SpaceDecl", "Spec", "SpecError", "SpecShadowWarning", "Structure", "bind", "compile_spec", "default_cache_dir",
     "derive_structure", "generate", "load_spec", "parse_spec", "shapes_of",
 ]
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from .bound import Atom, Block, BoundParam, BoundSpace, BoundSpec
 from .errors import SpecError, few, short
-from .parse import FREE, ParamRule, SpaceDecl, Spec
+from .parse import FREE, ParamRule, SpaceDecl, Spec, bundled_specs
 from .patterns import NamePattern, substitute
 from .size_names import free_symbol, parameter_stem, space_symbol
 from .sizes import AxisEquation, solve_sizes
@@ -143,11 +143,24 @@ def _match_rules(spec: Spec, shapes: Mapping[str, tuple[int, ...]],
                             hint=(f"check the name; parameters that look similar: {close}" if close
                                   else "check the name against model.named_parameters()")
                             + "; to use the spec for a subset of the parameters (fine-tuning part of a model), "
-                              "pass strict=False (CLI: --partial)")
+                              "pass strict=False (CLI: --partial)" + _own_model_hint(spec))
     if not strict and not matched:
         raise SpecError("no rule of the spec matches any parameter given", file=spec.source, key="params",
-                        hint=f"check the names against the parameters, e.g. {few(list(shapes), 4)}")
+                        hint=f"check the names against the parameters, e.g. {few(list(shapes), 4)}"
+                        + _own_model_hint(spec))
     return matched
+
+
+def _own_model_hint(spec: Spec) -> str:
+    """For a bundled spec: it names the parameters of the model it was written for, so point a user with a
+    model of their own to `symo infer`, which writes a spec from the model (Muon-style with --relax muon)."""
+    name = next((n for n, path in bundled_specs().items() if str(path) == spec.source), None)
+    if name is None:
+        return ""
+    return (f". The bundled spec {name!r} fits the parameter names of the model it was written for (README, "
+            "\"Bundled specs\"); for a model of your own, `symo infer --model module:factory -o spec.toml` writes "
+            "its spec (`symo infer --relax muon ...` the Muon-style one: a private row space per hidden matrix), "
+            "or in Python symo.infer_spec(model, example_inputs, relax=\"muon\")")
 
 
 def _instantiate_axes(spec: Spec, matched: dict, shapes: Mapping) -> tuple[dict, dict]:

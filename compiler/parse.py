@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tomllib
 import unicodedata
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -82,26 +84,66 @@ def bundled_specs() -> dict[str, Path]:
     return {Path(str(f)).stem: Path(str(f)) for f in root.iterdir() if str(f).endswith(".toml")}
 
 
+class SpecShadowWarning(UserWarning):
+    """A file in the current folder has the name of a bundled spec, and is used in its place."""
+
+
 def resolve_spec_path(path: str | Path) -> Path:
-    """An existing path wins; otherwise a bare name ("gpt_muon" or "gpt_muon.toml") names a bundled spec."""
+    """An existing file wins; otherwise a bare name ("gpt_muon" or "gpt_muon.toml") names a bundled spec.
+
+    A bare name that is both a file here and a bundled spec reads the file, with a `SpecShadowWarning`
+    naming both (give "./NAME" to mean the file and silence it). A folder (or anything but a file)
+    named like a bundled spec never hides it: a folder cannot be a spec."""
     text = os.fspath(path)
     if "\0" in str(text):
         raise SpecError("the path contains a NUL byte, which no file name can hold", file=short(repr(text)),
                         hint="check how the path was built (a NUL often marks the end of a C string)")
     path = Path(path)
     try:
-        if path.exists():
-            return path
+        exists, is_file = path.exists(), path.is_file()
     except OSError as exc:  # e.g. ENAMETOOLONG: exists() lets it through
         raise SpecError(f"cannot use the path ({exc.strerror or exc}; {len(str(text)):,} characters)",
                         file=short(str(text)), hint="check the path: a spec file, or a bundled spec name "
                         "such as 'gpt_muon'") from None
-    if len(path.parts) == 1:
-        bundled = bundled_specs()
-        stem = path.stem if path.suffix == ".toml" else path.name
-        if stem in bundled:
-            return bundled[stem]
-    return path
+    bundled = bundled_specs() if len(path.parts) == 1 and not str(text).startswith(".") else {}
+    name = path.stem if path.suffix == ".toml" else path.name
+    if name in bundled and is_file and path.resolve() != bundled[name].resolve():  # (from specs/: the same file)
+        warnings.warn(f"spec {str(text)!r}: reading the file {short(str(path.resolve()), 200)}, not the bundled "
+                      f"spec {name!r} of the same name (give ./{short(str(text))} to mean the file and silence "
+                      "this warning, or rename the file)", SpecShadowWarning, stacklevel=3)
+        return path
+    if exists and (is_file or name not in bundled):
+        return path
+    return bundled.get(name, path)
+
+
+def _read_spec_bytes(path: Path) -> bytes:
+    """The file's bytes, read with the size bound applied while reading: a FIFO, a device such as
+    /dev/zero, a socket or a folder is refused by its type (never opened for a blocking read), and a file
+    longer than MAX_SPEC_BYTES is refused after reading one byte more than the bound."""
+    names = ", ".join(sorted(bundled_specs()))
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise SpecError(f"cannot read the spec file ({exc.strerror or exc})", file=short(str(path)),
+                        hint=f"check the path, or name a bundled spec: {names}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise SpecError(f"the path is {kind}, not a spec file", file=short(str(path)),
+                        hint=f"give a TOML spec file, or name a bundled spec: {names}")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as fh:  # buffered: read(n) returns n bytes unless the file ends first
+        data = fh.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(f"the file is larger than any spec (more than {MAX_SPEC_BYTES:,} bytes)", file=str(path),
+                        hint="check that the path names a TOML spec file")
+    return data
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -110,15 +152,7 @@ def load_spec(path: str | Path) -> Spec:
         raise TypeError(f"load_spec: path must be a str or os.PathLike (a file, or a bundled spec name such as "
                         f"'gpt_muon'), got {type(path).__name__}")
     path = resolve_spec_path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        names = ", ".join(sorted(bundled_specs()))
-        raise SpecError(f"cannot read the spec file ({exc.strerror or exc})", file=short(str(path)),
-                        hint=f"check the path, or name a bundled spec: {names}") from exc
-    if len(data) > MAX_SPEC_BYTES:
-        raise SpecError(f"the file is {len(data):,} bytes, larger than any spec ({MAX_SPEC_BYTES:,})",
-                        file=str(path), hint="check that the path names a TOML spec file")
+    data = _read_spec_bytes(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -134,6 +168,7 @@ def parse_spec(text: str, source: str = "<string>") -> Spec:
         raise TypeError(f"parse_spec: text must be a str of TOML, got {type(text).__name__}{hint}")
     if not isinstance(source, str):
         raise TypeError(f"parse_spec: source must be a str, got {type(source).__name__}")
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark, as some editors write: not part of the TOML
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(f"the spec text has {len(text):,} characters, more than any spec ({MAX_SPEC_BYTES:,})",
                         file=source, hint="check that the text is a spec")

@@ -96,20 +96,18 @@ class BlockLayout:
 
 def psd_function(a: torch.Tensor, p: float, damping: float = 0.0, mode: str = "relative",
                  zero_rel: float | None = None) -> torch.Tensor:
-    """(A + shift)^p by float64 eigh: relative shift damping * lambda_max(A) with exact zeros mapped to 0, or
-    absolute shift damping on every clamped eigenvalue. Exact zeros: eigenvalues at or below zero_rel *
-    lambda_max, by default the README's 8 sqrt(m) eps (a real eigenvalue just above it is kept and damped,
-    so the reference must draw the line where the documented contract does)."""
+    """(A + shift)^p by float64 eigh: relative shift damping * lambda_max(A), or absolute shift damping, with
+    exact zeros mapped to 0 under both. Exact zeros: eigenvalues at or below zero_rel * lambda_max, by default
+    the README's 8 sqrt(m) eps (a real eigenvalue just above it is kept and damped, so the reference must
+    draw the line where the documented contract does)."""
     a = a.to(F64)
     if zero_rel is None:
         zero_rel = 8 * math.sqrt(a.shape[-1]) * torch.finfo(F64).eps
     evals, evecs = torch.linalg.eigh((a + a.T) / 2)
     lam = float(evals.max().clamp_min(0))
-    if mode == "absolute" and damping > 0:
-        f = (evals.clamp_min(0) + damping) ** p
-    else:
-        keep = evals > zero_rel * lam
-        f = torch.where(keep, (evals.clamp_min(0) + damping * lam).clamp_min(1e-300) ** p, torch.zeros_like(evals))
+    shift = damping if mode == "absolute" else damping * lam
+    keep = evals > zero_rel * lam
+    f = torch.where(keep, (evals.clamp_min(0) + shift).clamp_min(1e-300) ** p, torch.zeros_like(evals))
     return (evecs * f) @ evecs.T
 
 

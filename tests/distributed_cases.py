@@ -35,7 +35,7 @@ class Case:
     frozen: str
     """A covered parameter with requires_grad=False."""
     sizes: dict[str, int] | None = None
-    options: dict[str, Any] = field(default_factory=lambda: {"beta2": 0.9, "damping": 1e-3})
+    options: dict[str, Any] = field(default_factory=lambda: {"preconditioner": "root", "beta2": 0.9, "damping": 1e-3})
 
 
 class TwoBranches(nn.Module):
@@ -59,15 +59,17 @@ CASES: dict[str, Case] = {
     "mlp_tanh": Case(lambda: MLP((8, 15, 13, 4)), "mlp_tanh", "fc2.bias"),
     "gpt_muon": Case(_gpt, "gpt_muon", "transformer.h.1.attn.c_proj.weight"),
     "gpt_muon_path": Case(_gpt, "gpt_muon", "transformer.h.1.attn.c_proj.weight",
-                          options={"beta2": 0.0, "update_scale": "muon"}),
+                          options={"update_scale": "muon"}),
     "gpt_true": Case(_gpt, "gpt_true", "transformer.h.0.mlp.c_fc.bias", {"dqk{i}": 5, "dvo{i}": 5}),
     "rnn_tanh": Case(lambda: RNN(d_in=3, hidden=9, d_out=2), "rnn_tanh", "b_h"),
     # the raw gradient's statistics (its shards travel too), refreshed every other step
     "mlp_gradient": Case(lambda: MLP((8, 15, 13, 4)), "mlp_tanh", "fc2.bias",
-                         options={"beta2": 0.9, "damping": 1e-3, "source": "gradient", "precondition_frequency": 2}),
+                         options={"preconditioner": "root", "beta2": 0.9, "damping": 1e-3, "statistic": "gradient",
+                                  "precondition_frequency": 2}),
     # two-sided Shampoo: two stages, whose blocks together make the components
     "shampoo_gm": Case(lambda: MLP((8, 15, 13, 4)), "shampoo_rows", "fc2.weight",
-                       options={"beta2": 0.9, "damping": 1e-3, "geometric_mean_with": "shampoo_cols"}),
+                       options={"preconditioner": "root", "beta2": 0.9, "damping": 1e-3,
+                                "geometric_mean_with": "shampoo_cols"}),
     # two dtypes: one exchange per dtype each way
     "mixed_dtypes": Case(TwoBranches, "two_branches", "high.fc1.bias"),
     # collectives must not grow with the parameters: the same MLP, three times deeper

@@ -47,17 +47,15 @@ def polar(g: torch.Tensor, rank: int | None = None, tol: float | None = None) ->
 
 def ref_power(a: torch.Tensor, p: float, damping: float = 0.0, absolute: bool = False,
               zero_rel: float | None = None) -> torch.Tensor:
-    """Per block: relative (x + damping lambda_max)^p on eigenvalues above 8 sqrt(m) eps lambda_max, 0 on the
-    rest (the README's rule); absolute with damping > 0: (max(x, 0) + damping)^p on every eigenvalue."""
+    """Per block: (x + shift)^p on eigenvalues above 8 sqrt(m) eps lambda_max, 0 on the rest (the README's rule),
+    with shift = damping lambda_max (relative) or damping (absolute)."""
     out = []
     for block in a.reshape(-1, *a.shape[-2:]).to(F64):
         evals, evecs = torch.linalg.eigh((block + block.T) / 2)
         lam = max(float(evals.max()), 0.0)
-        if absolute and damping > 0:
-            f = (evals.clamp_min(0) + damping) ** p
-        else:
-            tol = (8 * math.sqrt(len(evals)) * EPS64 if zero_rel is None else zero_rel) * lam
-            f = torch.tensor([(x + damping * lam) ** p if x > tol else 0.0 for x in evals.tolist()], dtype=F64)
+        shift = damping if absolute else damping * lam
+        tol = (8 * math.sqrt(len(evals)) * EPS64 if zero_rel is None else zero_rel) * lam
+        f = torch.tensor([(x + shift) ** p if x > tol else 0.0 for x in evals.tolist()], dtype=F64)
         out.append((evecs * f) @ evecs.T)
     return torch.stack(out).reshape(a.shape)
 

@@ -21,7 +21,8 @@ def _warm() -> None:
         specs = ("muon", "hidden_hidden", "shampoo_rows", "shampoo_cols") + (("mlp_tanh", "mlp_relu") if bias else ())
         for spec in specs:
             symo.compile(symo.load_spec(spec), model)
-        opt = symo.Symo(model.named_parameters(), "muon", lr=0.01, beta2=0.9, backend="newton_schulz")
+        opt = symo.Symo(model.named_parameters(), "muon", preconditioner="root", lr=0.01, beta2=0.9,
+                        backend="newton_schulz")
         model(torch.randn(4, sizes[0], dtype=torch.float64)).square().sum().backward()
         opt.step()
 

@@ -205,13 +205,15 @@ OPTION_CASES = [
     ({"beta1": 1.0}, ValueError, "beta1"), ({"beta1": -0.1}, ValueError, "beta1"),
     ({"beta1": NAN}, ValueError, "beta1"),
     ({"beta1": "0.9"}, TypeError, "beta1"),
-    ({"beta2": 1.5}, ValueError, "beta2"), ({"beta2": NAN}, ValueError, "beta2"),
+    ({"preconditioner": "root", "beta2": 1.5}, ValueError, "beta2"),
+    ({"preconditioner": "root", "beta2": NAN}, ValueError, "beta2"),
+    ({"beta2": 0.9}, TypeError, "beta2 is not an option of preconditioner 'polar'"),
     ({"damping": -1.0}, ValueError, "damping"), ({"damping": NAN}, ValueError, "damping"),
     ({"damping": INF}, ValueError, "damping"),
     ({"power": 0.0}, ValueError, "power"), ({"power": NAN}, ValueError, "power"),
     ({"power": -INF}, ValueError, "power"),
-    ({"precondition_frequency": 0}, ValueError, "precondition_frequency"),
-    ({"precondition_frequency": 1.5}, TypeError, "precondition_frequency"),
+    ({"preconditioner": "root", "precondition_frequency": 0}, ValueError, "precondition_frequency"),
+    ({"preconditioner": "root", "precondition_frequency": 1.5}, TypeError, "precondition_frequency"),
     ({"ns_steps": 0}, ValueError, "ns_steps"), ({"ns_steps": 2.5}, TypeError, "ns_steps"),
     ({"ns_inverse_steps": 0}, ValueError, "ns_inverse_steps"),
     ({"ns_coeffs": (1.0, 2.0)}, ValueError, "ns_coeffs"), ({"ns_coeffs": (1.0, NAN, 2.0)}, ValueError, "ns_coeffs"),
@@ -222,11 +224,14 @@ OPTION_CASES = [
     ({"adamw_betas": (0.9,)}, TypeError, "adamw_betas"), ({"adamw_wd": -1.0}, ValueError, "adamw_wd"),
     ({"adamw_rms": 0.0}, ValueError, "adamw_rms"),
     ({"backend": "cholesky"}, ValueError, "backend"), ({"backend": 3}, TypeError, "backend"),
-    ({"update_scale": "big"}, ValueError, "update_scale"), ({"source": "weights"}, ValueError, "source"),
-    ({"estimator": "fisher"}, ValueError, "estimator"), ({"damping_mode": "both"}, ValueError, "damping_mode"),
+    ({"update_scale": "big"}, ValueError, "update_scale"), ({"statistic": "weights"}, ValueError, "statistic"),
+    ({"preconditioner": "fisher"}, ValueError, "preconditioner"), ({"damping_mode": "both"}, ValueError,
+                                                                   "damping_mode"),
+    ({"preconditioner": "then_orthogonalize", "inner": "svd"}, ValueError, "inner"),
+    ({"preconditioner": "published", "damping_scope": "layer"}, ValueError, "damping_scope"),
     ({"nesterov": "yes"}, TypeError, "nesterov"), ({"check_finite": 1}, TypeError, "check_finite"),
     ({"compile": None}, TypeError, "compile"),
-    ({"geometric_mean_with": 3}, TypeError, "geometric_mean_with"),
+    ({"preconditioner": "root", "geometric_mean_with": 3}, TypeError, "geometric_mean_with"),
     ({"learning_rate": 0.1}, TypeError, "learning_rate"),
 ]
 
@@ -308,10 +313,10 @@ STATE_CASES = {
     "momentum-shape": (lambda: edited(trained(net()).state_dict(),
                                       lambda s: s["state"][0].update(momentum_buffer=torch.zeros(9))),
                        ValueError, "momentum_buffer"),
-    "foreign-block": (lambda: edited(trained(net(), beta2=0.9).state_dict(),
+    "foreign-block": (lambda: edited(trained(net(), preconditioner="root", beta2=0.9).state_dict(),
                                      lambda s: blocks_in(s).update(L99={"ema": torch.zeros(1, 2, 2)})),
                       ValueError, "L99"),
-    "block-shape": (lambda: edited(trained(net(), beta2=0.9).state_dict(),
+    "block-shape": (lambda: edited(trained(net(), preconditioner="root", beta2=0.9).state_dict(),
                                    lambda s: blocks_in(s)["L0"].update(ema=torch.zeros(1, 2, 2))),
                     ValueError, "L0"),
     "not-a-dict": (lambda: [1, 2], TypeError, "state_dict"),
@@ -324,7 +329,8 @@ def test_load_state_dict_refuses_a_mismatched_checkpoint(case: str) -> None:
     make, exc_type, needle = STATE_CASES[case]
     torch.manual_seed(0)
     state = make()
-    opt = trained(net(), beta2=0.9 if case in ("foreign-block", "block-shape") else 0.0)
+    opt = trained(net(), **({"preconditioner": "root", "beta2": 0.9} if case in ("foreign-block",
+                                                                                 "block-shape") else {}))
     before = {k: v.clone() for k, v in opt.state_dict()["state"][0].items() if torch.is_tensor(v)}
     with pytest.raises(exc_type, match=needle):
         opt.load_state_dict(state)
@@ -335,8 +341,8 @@ def test_load_state_dict_refuses_a_mismatched_checkpoint(case: str) -> None:
 def test_load_state_dict_accepts_its_own_checkpoint() -> None:  # the check is not a wall
     torch.manual_seed(0)
     model = net()
-    opt = trained(model, beta2=0.9)
-    twin = symo.Symo(model.named_parameters(), "mlp_tanh", lr=0.01, beta2=0.9)
+    opt = trained(model, preconditioner="root", beta2=0.9)
+    twin = symo.Symo(model.named_parameters(), "mlp_tanh", preconditioner="root", lr=0.01, beta2=0.9)
     twin.load_state_dict(opt.state_dict())
 
 

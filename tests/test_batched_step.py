@@ -13,7 +13,8 @@ import pytest
 import torch
 from cases import train
 
-from symo.optim import Symo, optimizer  # optimizer: where the step calls the block function
+from symo.optim import Symo
+from symo.optim.kinds import polar  # where the polar kind calls the block function
 from symo.train.models import GPT, GPTConfig
 
 
@@ -22,7 +23,7 @@ def test_batched_step_equals_per_block_step(spec: str, backend: str, monkeypatch
     torch.manual_seed(0)
     base = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=128, vocab_size=17, block_size=16))
     calls = {True: 0, False: 0}
-    original = optimizer.single_statistic_apply
+    original = polar.current_statistic_apply
     models = {}
     for batched in (False, True):
         model = copy.deepcopy(base)
@@ -32,7 +33,7 @@ def test_batched_step_equals_per_block_step(spec: str, backend: str, monkeypatch
             calls[_batched] += 1
             return original(*args)
 
-        monkeypatch.setattr(optimizer, "single_statistic_apply", counting)
+        monkeypatch.setattr(polar, "current_statistic_apply", counting)
         train(model, opt, steps=1)
         models[batched] = model
     assert calls[True] < calls[False]  # blocks were stacked: fewer matrix-function calls
@@ -72,8 +73,8 @@ def test_auto_batching_stacks_on_accelerators_only(monkeypatch) -> None:
 
     model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=17, block_size=16))
     calls = []
-    original = optimizer.single_statistic_apply
-    monkeypatch.setattr(optimizer, "single_statistic_apply", lambda y, *a: calls.append(y.shape[0]) or original(y, *a))
+    original = polar.current_statistic_apply
+    monkeypatch.setattr(polar, "current_statistic_apply", lambda y, *a: calls.append(y.shape[0]) or original(y, *a))
     opt = Symo(model.named_parameters(), "gpt_muon", lr=0.02)
     assert opt.config.batch_blocks == "auto"
     train(model, opt, steps=1)
@@ -81,12 +82,10 @@ def test_auto_batching_stacks_on_accelerators_only(monkeypatch) -> None:
     calls.clear()
     Symo(model.named_parameters(), "gpt_muon", lr=0.02, batch_blocks=True).step()
     assert len(calls) < len(opt.compiled.blocks)
-    cfg = opt.config
-    assert not _stack_blocks(cfg, torch.device("cpu"))
-    assert _stack_blocks(cfg, torch.device("cuda")) and _stack_blocks(cfg, torch.device("mps"))
+    assert not _stack_blocks("auto", torch.device("cpu"))
+    assert _stack_blocks("auto", torch.device("cuda")) and _stack_blocks("auto", torch.device("mps"))
     for explicit in (True, False):
-        cfg.batch_blocks = explicit
-        assert _stack_blocks(cfg, torch.device("cpu")) is explicit is _stack_blocks(cfg, torch.device("cuda"))
+        assert _stack_blocks(explicit, torch.device("cpu")) is explicit is _stack_blocks(explicit, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("bad", [1, 0, "yes", None])

@@ -627,6 +627,10 @@ def test_check_symmetry_mlp(act: str, spec: str, true: bool) -> None:
     assert report.is_true_symmetry is true, report
     if not true:
         assert report.max_rel_change > 1e-6
+    # the printed report carries the verdict and the numbers it rests on
+    verdict = "true symmetry:" if true else "not a true symmetry (relaxed):"
+    assert str(report).startswith(verdict) and f"{report.max_rel_change:.1e}" in str(report)
+    assert f"over {report.trials} random group elements" in str(report)
 
 
 GPT_ATTENTION_ONLY = """

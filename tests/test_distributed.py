@@ -2,8 +2,9 @@
 steps, each block's matrix function on exactly one rank, a fixed number of collectives per step, and a
 torch.distributed.checkpoint save -> load -> resume bit-identical to the uninterrupted run.
 
-Every case has beta2 > 0 (except the Muon-path one), a frozen covered parameter, two parameter groups
-and widths no world size divides (tests/distributed_cases.py). One spawn per world size trains them all.
+Every case has a stored statistic (the root kind, except the Muon-path one), a frozen covered parameter, two
+parameter groups and widths no world size divides (tests/distributed_cases.py). One spawn per world size trains
+them all.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ def test_components_couple_blocks_that_share_a_parameter():
     """gpt_true: each layer's attention blocks form a component; the MLPs' trivial block couples every
     layer's MLP into one. The owners are balanced by cost, the costliest first."""
     model, case = build("gpt_true", "")
-    opt = Symo(model.named_parameters(), case.spec, sizes=case.sizes, beta2=0.9)
+    opt = Symo(model.named_parameters(), case.spec, preconditioner="root", sizes=case.sizes, beta2=0.9)
     found = coupling_components(opt.plan)
     as_blocks = sorted(sorted(b for _, b in blocks) for _, blocks in found)
     assert as_blocks == [["L0", "L1"], ["L2", "L3", "L6"], ["L4", "L5"]]

@@ -23,7 +23,7 @@ EQUIVARIANT = {
     "muon": lambda ps: zoo.Muon(ps, lr=3e-2),
     "shampoo": lambda ps: zoo.Shampoo(ps, lr=0.1, update_freq=3),
     "symo": lambda ps: symo.Symo(ps, "factored", lr=1e-2),
-    "symo_ema": lambda ps: symo.Symo(ps, "factored", lr=1e-2, beta2=0.99, source="gradient"),
+    "symo_ema": lambda ps: symo.Symo(ps, "factored", preconditioner="root", lr=1e-2, beta2=0.99, statistic="gradient"),
     "gd": lambda ps: zoo.GD(ps, lr=0.05),
 }
 NOT_EQUIVARIANT = {

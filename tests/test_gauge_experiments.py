@@ -159,9 +159,9 @@ class _SyntheticCache:
 def test_hyperspectral_pruned_selection_chooses_the_rate_that_full_selection_chooses(monkeypatch):
     """Oracle: selecting from runs that all went to the protocol's cap. 400 synthetic draws of the steps
     each rate needs, with rates that miss levels, ties and incumbents that miss levels among them."""
-    monkeypatch.setattr(hs, "PRUNED_RULES", ("symo_paper",))
+    monkeypatch.setattr(hs, "PRUNED_RULES", ("symo_notebook",))
     monkeypatch.setattr(hs, "fetch", lambda cache, tasks, desc, workers: cache.fetch(tasks))
-    grids = {"symo_paper": (1e-3, 3e-3, 1e-2, 3e-2, 0.1), "gd": (1, 3)}
+    grids = {"symo_notebook": (1e-3, 3e-3, 1e-2, 3e-2, 0.1), "gd": (1, 3)}
     base = {"n_pixels": 2000, "max_steps": 30_000}
     pruned_any = cut = 0
     for seed in range(400):
@@ -171,8 +171,8 @@ def test_hyperspectral_pruned_selection_chooses_the_rate_that_full_selection_cho
         for rule in grids:
             mine = [x for x in runs if x["rule"] == rule]
             assert hs.select(mine) == hs.select([x for x in full if x["rule"] == rule])
-        stops = {x["max_steps"] for x in runs if x["rule"] == "symo_paper" and x["lr"] != 1e-2}
-        budget = hs.pruning_budget([x for x in runs if x["rule"] == "symo_paper" and x["lr"] == 1e-2])
+        stops = {x["max_steps"] for x in runs if x["rule"] == "symo_notebook" and x["lr"] != 1e-2}
+        budget = hs.pruning_budget([x for x in runs if x["rule"] == "symo_notebook" and x["lr"] == 1e-2])
         assert stops == {base["max_steps"] if budget is None else budget}
         assert {x["max_steps"] for x in runs if x["rule"] == "gd"} == {base["max_steps"]}
         pruned_any += budget is not None

@@ -14,7 +14,7 @@ SPECS = Path(__file__).resolve().parent.parent / "specs"
 @pytest.mark.parametrize("spec,options", [
     ("gpt.toml", dict(lr=0.02, update_scale="muon")),
     ("gpt_muon.toml", dict(lr=0.02, update_scale="muon")),
-    ("gpt.toml", dict(lr=3e-3, update_scale="adamw", beta2=0.95, precondition_frequency=2)),
+    ("gpt.toml", dict(lr=3e-3, update_scale="adamw", preconditioner="root", beta2=0.95, precondition_frequency=2)),
 ])
 def test_symo_trains_a_tiny_gpt(spec, options):
     torch.manual_seed(0)

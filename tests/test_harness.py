@@ -45,7 +45,7 @@ def test_statistics_and_writer(tmp_path):
     lo, hi = paired_diff_ci95([2.0, 3.0, 5.0], [1.0, 1.0, 1.0])  # differences 1, 2, 4
     half = 4.302652729911275 * s / math.sqrt(3)  # t_{0.975, 2}
     assert math.isclose(lo, m - half) and math.isclose(hi, m + half)
-    write_results(tmp_path, "NAME", "# demo", {"a": 1})
-    assert (tmp_path / "NAME.md").read_text() == "# demo\n"
-    data = json.loads((tmp_path / "NAME.json").read_text())
+    write_results(tmp_path, "demo", "# demo", {"a": 1})
+    assert (tmp_path / "demo").with_suffix(".md").read_text() == "# demo\n"
+    data = json.loads((tmp_path / "demo").with_suffix(".json").read_text())
     assert data["a"] == 1 and data["machine"]["cpus"] >= 1

@@ -525,3 +525,28 @@ def test_torch_multihead_attention_and_sequential_names():
     seq = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
     names = {s.name: s.group for s in infer(seq, torch.randn(3, 4)).spaces}
     assert names == {"h0": "signed_perm", "h2": "perm"}
+
+
+class SlicedPositions(nn.Module):
+    """Learned positions sliced to the input's length (`pos[:, :t]`, as many users write it): the slice pins
+    the position axis, while the width axis keeps its space."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(7, 6)
+        self.pos = nn.Parameter(0.1 * torch.randn(1, 5, 6))
+        self.fc = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 7)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx) + self.pos[:, :idx.shape[1]]
+        return self.out(torch.tanh(self.fc(x)))
+
+
+def test_report_does_not_call_a_covered_parameter_dropped():
+    torch.manual_seed(0)
+    result = infer(SlicedPositions(), (torch.randint(0, 7, (2, 4)),))
+    assert "pos" in {r.pattern for r in result.spec.params} and "pos" not in result.uncovered
+    assert any("pos" in d.params for d in result.dropped)  # a would-be space on its position axis
+    line = next(x for x in result.report().splitlines() if x.startswith("dropped"))
+    assert "still covered on other axes: pos" in line and "uncovered as a result" not in line

@@ -55,10 +55,11 @@ def test_memory_report_counts_by_hand():
                     "adamw": 2 * (covered + biases), "shampoo": shampoo}
     # stored statistics: an EMA and its matrix function per block, mult x mult with mult = columns
     stats = 2 * (8 ** 2 + 16 ** 2 + 12 ** 2)
-    stored = Symo(model.named_parameters(), MUON, beta2=0.9).memory_report()
+    stored = Symo(model.named_parameters(), MUON, preconditioner="root", beta2=0.9).memory_report()
     assert stored == {"symo": covered + stats + 2 * biases, "symo_block_statistics": stats,
                       "adamw": 2 * (covered + biases), "shampoo": shampoo}
-    assert Symo(model.named_parameters(), MUON, precondition_frequency=2).memory_report()["symo_block_statistics"] \
+    assert Symo(model.named_parameters(), MUON, preconditioner="root",
+                precondition_frequency=2).memory_report()["symo_block_statistics"] \
         == stats
 
 
@@ -67,7 +68,7 @@ def test_memory_report_matches_the_state_it_keeps():
     torch.manual_seed(0)
     model = MLP((8, 16, 12, 4)).double()
     x = torch.randn(4, 8, dtype=torch.float64)
-    for options in ({}, {"beta2": 0.9}):
+    for options in ({}, {"preconditioner": "root", "beta2": 0.9}):
         opt = Symo(model.named_parameters(), MUON, **options)
         model(x).square().sum().backward()
         opt.step()
@@ -87,32 +88,38 @@ def test_add_param_group_after_construction_is_rejected():
 
 def test_describe_reports_every_option_and_block():
     model = MLP(SIZES).double()
-    opt = Symo(model.named_parameters(), MUON, lr=0.1, beta1=0.9, nesterov=False, beta2=0.5, source="gradient",
-               estimator="taylor", power=-0.25, damping=1e-3, damping_mode="absolute", update_scale="adamw",
+    opt = Symo(model.named_parameters(), MUON, preconditioner="taylor", lr=0.1, beta1=0.9, nesterov=False, beta2=0.5,
+               statistic="gradient", power=-0.25, damping=1e-3, damping_mode="absolute", update_scale="adamw",
                precondition_frequency=3)
     text = opt.describe()
     assert text.splitlines()[0] == ("Symo: 3 parameters preconditioned by spec 'Muon (per-matrix rows)', "
                                     "3 to AdamW")
-    options = " ".join(ln.strip() for ln in text.splitlines()[1:3])  # the option line wraps at 120 columns
-    assert options == ("beta1=0.9 nesterov=False beta2=0.5 source=gradient estimator=taylor "
-                       "power=-0.25 damping=0.001 (absolute) update_scale=adamw frequency=3 statistics=float64")
+    options = " ".join(ln.strip() for ln in text.splitlines()[1:4])  # the option lines wrap at 120 columns
+    assert options.startswith(
+        "preconditioner 'taylor': power=-0.25 damping=0.001 damping_mode='absolute' statistic='gradient' "
+        "stats_dtype='auto' beta2=0.5 precondition_frequency=3 beta1=0.9 nesterov=False update_scale=adamw "
+        "statistics=float64"), options
     blocks = [ln for ln in text.splitlines() if ln.startswith("  L")]
     assert len(blocks) == 3 and blocks[1].startswith("  L1 nat(rows2)")
     # update_scale="adamw": every block's unit update has RMS adamw_rms (0.2), so lr_eff = 0.1 * 0.2
     assert blocks[1].endswith(": Y 1x8x6, d=6, lr_eff=0.02, backend=eigh; fc2.weight"), blocks[1]
-    assert text.splitlines()[-1] == "  AdamW: fc1.bias, fc2.bias, fc3.bias at its own rate adamw_lr=0.0003 (not lr)"
+    assert text.splitlines()[-1] == "  AdamW: fc1.bias, fc2.bias, fc3.bias at its own rate adamw_lr=0.003 (not lr)"
     bias_free = MLP(SIZES, bias=False)
     assert Symo(bias_free.named_parameters(), MUON).describe().splitlines()[-1] == "  AdamW: (none)"
 
 
+ROOT = {"preconditioner": "root"}
+
+
 @pytest.mark.parametrize("bad,start", [
-    ({"beta1": 1.0}, "beta1"), ({"beta1": -0.1}, "beta1"), ({"beta2": 1.01}, "beta2"), ({"beta2": -0.1}, "beta2"),
-    ({"source": "grad"}, "source"), ({"damping": -1e-9}, "damping"), ({"damping_mode": "rel"}, "damping_mode"),
-    ({"estimator": "fisher"}, "estimator"), ({"power": 0.0}, "power"), ({"precondition_frequency": 0},
-                                                                          "precondition_frequency"),
+    ({"beta1": 1.0}, "beta1"), ({"beta1": -0.1}, "beta1"), ({**ROOT, "beta2": 1.01}, "beta2"),
+    ({**ROOT, "beta2": -0.1}, "beta2"), ({"statistic": "grad"}, "statistic"), ({"damping": -1e-9}, "damping"),
+    ({"damping_mode": "rel"}, "damping_mode"), ({"preconditioner": "fisher"}, "preconditioner"),
+    ({"power": 0.0}, "power"), ({**ROOT, "precondition_frequency": 0}, "precondition_frequency"),
     ({"update_scale": "sgd"}, "update_scale"), ({"backend": "svd"}, "backend"),
     ({"backend": "newton_schulz", "power": -0.25}, "the newton_schulz backend"),
-    ({"backend": "newton_schulz", "geometric_mean_with": "shampoo_cols"}, "the newton_schulz backend"),
+    ({**ROOT, "backend": "newton_schulz", "geometric_mean_with": "shampoo_cols"}, "the newton_schulz backend"),
+    ({"preconditioner": "published", "update_scale": "muon"}, "update_scale='muon' has no meaning"),
 ])
 def test_invalid_options_are_rejected_by_name(bad, start):
     """The message starts with the option's name (so a garbled or re-cased message fails too)."""
@@ -123,8 +130,8 @@ def test_invalid_options_are_rejected_by_name(bad, start):
 
 def test_boundary_options_are_accepted():
     model = MLP(SIZES)
-    for good in ({"beta1": 0.0}, {"beta2": 0.0}, {"beta2": 1.0}, {"damping": 0.0}, {"power": -1e-9},
-                 {"precondition_frequency": 1}, {"backend": "newton_schulz", "power": -0.5}):
+    for good in ({"beta1": 0.0}, {**ROOT, "beta2": 0.0}, {**ROOT, "beta2": 1.0}, {"damping": 0.0}, {"power": -1e-9},
+                 {**ROOT, "precondition_frequency": 1}, {"backend": "newton_schulz", "power": -0.5}):
         Symo(model.named_parameters(), MUON, **good)
 
 
@@ -144,10 +151,10 @@ def test_parameter_list_errors():
     # a {name: param} dict, and groups holding dicts, are named parameters too
     opt = Symo(dict(named), MUON, lr=0.3)
     assert opt.param_groups[0]["param_names"] == ["fc1.weight", "fc2.weight", "fc3.weight"]
-    assert opt.param_groups[0]["lr"] == 0.3 and opt.param_groups[1]["lr"] == 3e-4
+    assert opt.param_groups[0]["lr"] == 0.3 and opt.param_groups[1]["lr"] == 3e-3
     opt = Symo([{"params": dict(named[:3]), "lr": 0.5, "adamw_lr": 0.05}, {"params": dict(named[3:])}], MUON, lr=0.3)
     assert [(g["kind"], g["lr"]) for g in opt.param_groups] == [("symo", 0.5), ("adamw", 0.05), ("symo", 0.3),
-                                                               ("adamw", 3e-4)]
+                                                               ("adamw", 3e-3)]
 
 
 def test_compiled_spec_and_geometric_mean_coverage_errors():
@@ -162,7 +169,7 @@ def test_compiled_spec_and_geometric_mean_coverage_errors():
     with pytest.raises(ValueError, match=r"not given to the optimizer: \['fc1.weight'\]"):
         Symo(list(model.named_parameters())[2:], same)
     with pytest.raises(ValueError, match="both specs must cover the same parameters"):
-        Symo(model.named_parameters(), MUON, geometric_mean_with=TANH)
+        Symo(model.named_parameters(), MUON, preconditioner="root", geometric_mean_with=TANH)
 
 
 def test_blocks_without_gradients_keep_no_statistics():
@@ -170,7 +177,7 @@ def test_blocks_without_gradients_keep_no_statistics():
     and its parameters do not move; when it gets gradients, its statistics start from step 1."""
     torch.manual_seed(0)
     model = MLP(SIZES).double()
-    opt = Symo(model.named_parameters(), TANH, lr=0.05, beta2=0.9)
+    opt = Symo(model.named_parameters(), TANH, preconditioner="root", lr=0.05, beta2=0.9)
     x, _ = _data()
     fc3 = model.fc3.weight.detach().clone()
     for _ in range(2):
@@ -195,7 +202,7 @@ def test_loaded_state_is_owned_by_the_optimizer():
     torch.manual_seed(0)
     base = MLP(SIZES).double()
     x, y = _data()
-    opt = Symo(base.named_parameters(), MUON, lr=0.01, beta2=0.9, precondition_frequency=2)
+    opt = Symo(base.named_parameters(), MUON, preconditioner="root", lr=0.01, beta2=0.9, precondition_frequency=2)
     for _ in range(3):
         opt.zero_grad()
         _loss(base, x, y).backward()
@@ -205,7 +212,7 @@ def test_loaded_state_is_owned_by_the_optimizer():
     twins = []
     for _ in range(2):
         model = copy.deepcopy(base)
-        o = Symo(model.named_parameters(), MUON, lr=0.01, beta2=0.9, precondition_frequency=2)
+        o = Symo(model.named_parameters(), MUON, preconditioner="root", lr=0.01, beta2=0.9, precondition_frequency=2)
         o.load_state_dict(saved)
         twins.append((model, o))
     for model, o in twins:
@@ -246,7 +253,7 @@ def test_checkpoint_format_names_each_stage():
     torch.manual_seed(0)
     model = MLP(SIZES, bias=False).double()
     twin = copy.deepcopy(model)
-    make = lambda m: Symo(m.named_parameters(), SPECS / "shampoo_rows.toml", beta2=0.9,  # noqa: E731
+    make = lambda m: Symo(m.named_parameters(), SPECS / "shampoo_rows.toml", preconditioner="root", beta2=0.9,  # noqa: E731
                           geometric_mean_with=SPECS / "shampoo_cols.toml")
     opt = make(model)
     x = torch.randn(4, SIZES[0], dtype=torch.float64)
@@ -275,13 +282,16 @@ def test_checkpoint_format_names_each_stage():
 
 def test_strict_false_preconditions_a_subset_with_the_full_spec():
     """Fine-tuning part of a model: the whole model's spec, only fc3's parameters given. strict=True refuses
-    (saying how to fix it); strict=False drops the absent parameters' entries and steps the rest."""
+    (saying how to fix it); strict=False drops the absent parameters' entries and steps the rest; the default
+    does the same with a warning."""
     from symo import SpecError
 
     model = MLP((6, 10, 8, 4))
     tanh = Path(__file__).resolve().parent.parent / "specs" / "mlp_tanh.toml"
     subset = {n: p for n, p in model.named_parameters() if n.startswith("fc3")}
     with pytest.raises(SpecError, match="strict=False"):
+        Symo(subset, tanh, strict=True)
+    with pytest.warns(UserWarning, match="matches no parameter given to Symo"):
         Symo(subset, tanh)
     opt = Symo(subset, tanh, strict=False, lr=0.01)
     assert set(opt.compiled.param_names) <= set(subset) and opt.compiled.param_names

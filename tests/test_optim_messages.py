@@ -71,15 +71,28 @@ def test_constructor_messages():
         Symo([("fc1.weight", 3.0)], MUON)
     with raises(TypeError, "config must be a SymoConfig, got dict"):
         Symo(named, MUON, config={"beta1": 0.9})
-    with raises(TypeError, "Symo got unknown option(s) ['bogus']; the options are the fields of SymoConfig"):
+    with raises(TypeError, "unknown option 'bogus'; the options are ['adamw_betas', 'adamw_eps', 'adamw_lr', "
+                           "'adamw_rms', 'adamw_wd', 'batch_blocks', 'beta1', 'check_finite', 'compile', "
+                           "'distributed_bucket_mb', 'distributed_comm_dtype', 'distributed_mode', 'nesterov', "
+                           "'update_scale', 'weight_decay'], 'preconditioner' and the options of the chosen kind "
+                           "(polar: ['power', 'backend', 'eigh_max_size', 'ns_steps', 'ns_coeffs', 'ns_dtype', "
+                           "'ns_method', 'damping', 'damping_mode', 'statistic', 'stats_dtype', 'ns_inverse_steps'])"):
         Symo(named, MUON, bogus=1)
+    with raises(TypeError, "beta2 is not an option of preconditioner 'polar' (the polar kind (Symo's default, "
+                           "Muon's step) uses this step's statistic alone); it is an option of root, taylor, "
+                           "published, eigen_adam, then_orthogonalize: pass preconditioner='root' (or a preset) to "
+                           "use it"):
+        Symo(named, MUON, beta2=0.9)
+    with raises(TypeError, "momentum must be a MomentumConfig (the momentum coefficient is the option beta1, e.g. "
+                           "beta1=0.9), got float"):
+        Symo(named, MUON, momentum=0.9)
     with raises(TypeError, "sizes must be a dict {space: int}, got list"):
         Symo(named, MUON, sizes=[8])
     with raises(TypeError, "spec must be a path, a bundled spec name, a Spec or a CompiledSpec, got int"):
         Symo(named, 3)
     with raises(ValueError, "geometric_mean_with: both specs must cover the same parameters; they differ on "
                             "['fc1.bias', 'fc2.bias', 'fc3.bias']"):
-        Symo(named, MUON, geometric_mean_with=TANH)
+        Symo(named, MUON, preconditioner="root", geometric_mean_with=TANH)
     other = symo.compile(MUON, MLP((5, 9, 6, 3)), disk_cache=False)
     with raises(ValueError, "the CompiledSpec was compiled for other shapes: {'fc1.weight': ((9, 5), (8, 5)), "
                             "'fc2.weight': ((6, 9), (6, 8))} (compiled, given)"):
@@ -109,13 +122,13 @@ def test_defaults_config_and_sizes_reach_the_optimizer():
     opt = Symo(model.named_parameters(), MUON)
     assert opt.param_groups[0]["lr"] == 1e-3 and opt.defaults["lr"] == 1e-3
     assert Symo(model.named_parameters(), MUON, lr=0.5).defaults["lr"] == 0.5
-    cfg = SymoConfig(beta1=0.5, beta2=0.9)
+    cfg = SymoConfig(preconditioner="root", beta1=0.5, beta2=0.9)
     opt = Symo(model.named_parameters(), MUON, config=cfg)
     assert opt.config == cfg and opt.param_groups[0]["beta1"] == 0.5
     w = torch.nn.Parameter(torch.zeros(12, 5))
     spec = symo.parse_spec(FREE_HEADS)
     for heads in (3, 4):
-        opt = Symo({"w": w}, spec, sizes={"head": heads}, geometric_mean_with=spec, beta2=0.9)
+        opt = Symo({"w": w}, spec, preconditioner="root", sizes={"head": heads}, geometric_mean_with=spec, beta2=0.9)
         assert [b.batch for st in opt.plan for b in st.compiled.blocks] == [heads, heads]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -38,12 +37,24 @@ LAYOUTS = {
 }
 
 
+def kind_options(options: dict) -> dict:
+    """The reference's option names (beta2, source, estimator: tests/block_reference.py) as Symo's kind options:
+    the taylor estimator is the taylor kind, a stored statistic (beta2 or a refresh schedule) the root kind,
+    and neither the polar kind (Muon's step)."""
+    out = {("statistic" if k == "source" else k): v for k, v in options.items() if k != "estimator"}
+    if options.get("estimator") == "taylor":
+        return {"preconditioner": "taylor", "beta2": 0.0, **out}
+    if "beta2" in options or options.get("precondition_frequency", 1) > 1:
+        return {"preconditioner": "root", "beta2": 0.0, **out}
+    return out
+
+
 def run_symo(layout: str, steps: int, lr: float, **options) -> dict[str, torch.Tensor]:
     spec, _, _, bias = LAYOUTS[layout]
     torch.manual_seed(0)
     model = MLP(SIZES, bias=bias).double()
     x, y = _data()
-    opt = Symo(model.named_parameters(), spec, lr=lr, **options)
+    opt = Symo(model.named_parameters(), spec, lr=lr, **kind_options(options))
     assert set(opt.assignment.values()) == {"symo"}
     for _ in range(steps):
         opt.zero_grad()
@@ -124,7 +135,8 @@ CASES = [
 @pytest.mark.parametrize("layout,options,neighbour", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_option_matches_reference_over_steps(layout, options, neighbour):
     steps, lr = 5, 0.05
-    got = run_symo(layout, steps, lr, backend="eigh", **options)
+    backend = {} if options.get("estimator") == "taylor" else {"backend": "eigh"}
+    got = run_symo(layout, steps, lr, **backend, **options)
     want = run_reference(layout, steps, lr, **options)
     assert distance(got, want) < 1e-9
     assert distance(got, run_reference(layout, steps, lr, **neighbour)) > 1e-3
@@ -165,24 +177,30 @@ def test_auto_backend_switches_to_newton_schulz_above_eigh_max_size():
             assert rel(upd[n], exact) < 1e-10, n
 
 
-def test_auto_backend_rule_for_stored_statistics():
-    """beta2 > 0, auto: the coupled iteration only on an accelerator, above eigh_max_size, with relative
-    damping at or above its accuracy floor for the statistics' dtype; eigh everywhere else."""
-    from symo.optim import auto_backend
+def auto_backend(cfg: SymoConfig, mult: int, device: torch.device, dtype: torch.dtype, width: int = 10_000) -> str:
+    from symo.optim.kinds import KINDS
+    from symo.runtime.compiled import BlockInfo
 
-    cfg = SymoConfig(beta2=0.9, damping=1e-6, eigh_max_size=128)
+    block = BlockInfo("b", "test", 1, mult, width, width, str(width), ("w",))
+    return KINDS[cfg.kind][1](cfg).backend_for(block, 0, device, dtype)
+
+
+def test_auto_backend_rule_for_stored_statistics():
+    """root kind, auto: the coupled iteration only on an accelerator, above eigh_max_size, with relative
+    damping at or above its accuracy floor for the statistics' dtype; eigh everywhere else."""
+    cfg = SymoConfig(preconditioner="root", beta2=0.9, damping=1e-6, eigh_max_size=128)
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
     f64, f32 = torch.float64, torch.float32
-    assert auto_backend(cfg, -0.5, 129, gpu, f64) == "newton_schulz"
-    assert auto_backend(cfg, -0.5, 128, gpu, f64) == "eigh"             # the boundary stays exact
-    assert auto_backend(cfg, -0.5, 4096, cpu, f64) == "eigh"            # CPU: eigh is cheaper
-    assert auto_backend(cfg, -0.5, 4096, gpu, f32) == "eigh"            # 1e-6 < float32 floor 1.2e-5
-    assert auto_backend(replace(cfg, damping=1e-4), -0.5, 4096, gpu, f32) == "newton_schulz"
-    assert auto_backend(replace(cfg, damping=0.0), -0.5, 4096, gpu, f64) == "eigh"   # no pseudo-inverse by NS
-    assert auto_backend(replace(cfg, damping_mode="absolute"), -0.5, 4096, gpu, f64) == "eigh"
-    assert auto_backend(cfg, -0.75, 4096, gpu, f64) == "eigh"
+    assert auto_backend(cfg, 129, gpu, f64) == "newton_schulz"
+    assert auto_backend(cfg, 128, gpu, f64) == "eigh"             # the boundary stays exact
+    assert auto_backend(cfg, 4096, cpu, f64) == "eigh"            # CPU: eigh is cheaper
+    assert auto_backend(cfg, 4096, gpu, f32) == "eigh"            # 1e-6 < float32 floor 1.2e-5
+    assert auto_backend(cfg.replace(damping=1e-4), 4096, gpu, f32) == "newton_schulz"
+    assert auto_backend(cfg.replace(damping=0.0), 4096, gpu, f64) == "eigh"   # no pseudo-inverse by NS
+    assert auto_backend(cfg.replace(damping_mode="absolute"), 4096, gpu, f64) == "eigh"
+    assert auto_backend(cfg.replace(power=-0.75), 4096, gpu, f64) == "eigh"
     muon = SymoConfig(damping=0.0)
-    assert auto_backend(muon, -0.5, 4096, cpu, f64) == "newton_schulz"  # Muon's quintic never diverges
+    assert auto_backend(muon, 4096, cpu, f64) == "newton_schulz"  # Muon's quintic never diverges
 
 
 def test_newton_schulz_backend_for_stored_statistics_is_the_coupled_inverse_root():
@@ -193,7 +211,7 @@ def test_newton_schulz_backend_for_stored_statistics_is_the_coupled_inverse_root
     damping = 0.05
     for backend in ("newton_schulz", "auto"):
         model, x, y, grads, before = _bias_free_with_gradient()
-        opt = Symo(model.named_parameters(), MUON, lr=1.0, beta1=0.0, beta2=0.9, damping=damping,
+        opt = Symo(model.named_parameters(), MUON, preconditioner="root", lr=1.0, beta1=0.0, beta2=0.9, damping=damping,
                    eigh_max_size=6, ns_inverse_steps=60, backend=backend)
         assert f"backend={'newton_schulz' if backend != 'auto' else 'eigh'}; fc2.weight" in opt.describe()
         _loss(model, x, y).backward()
@@ -307,14 +325,14 @@ def test_compile_true_matches_the_eager_step_bit_for_bit(monkeypatch):
             o.zero_grad()
             _loss(model, x, y).backward()
             o.step()
-    assert calls == [("muon_path_directions", {"fullgraph": True})]
+    assert calls == [("polar_step", {"fullgraph": True})]
     assert "backend=newton_schulz (spectral); fc2.weight" in opts[0].describe()
     for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
         assert torch.equal(a, b), n
 
 
 # ------------------------------------------------------------------------------------------ gauge twins
-@pytest.mark.parametrize("options", [{}, {"beta1": 0.0, "damping": 0.0}, {"beta2": 0.9}])
+@pytest.mark.parametrize("options", [{}, {"beta1": 0.0, "damping": 0.0}, {"preconditioner": "root", "beta2": 0.9}])
 def test_gauge_twins_on_the_default_path_and_adam_breaks_both_factors(options):
     """factored.toml with the defaults (beta2 = 0, the Muon-style path): (U Q, V Q) trains to (U_t Q, V_t Q)
     to 1e-10 for a random orthogonal Q; Adam's twins leave the orbit in U and in V."""
@@ -353,7 +371,8 @@ def test_geometric_mean_muon_scale_on_rectangular_layers():
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = Symo(model.named_parameters(), SPECS / "shampoo_rows.toml", lr=1.0, beta1=0.0, beta2=1.0,
+    opt = Symo(model.named_parameters(), SPECS / "shampoo_rows.toml", preconditioner="root", lr=1.0, beta1=0.0,
+               beta2=1.0,
                geometric_mean_with=SPECS / "shampoo_cols.toml", damping=0.0, update_scale="muon")
     _loss(model, x, y).backward()
     opt.step()
@@ -413,8 +432,9 @@ def test_a_batched_block_equals_its_heads_as_separate_blocks(options):
     w0[:4] *= 10.0                                   # heads of different scales
     joint = torch.nn.Parameter(w0.clone())
     parts = [torch.nn.Parameter(w0[4 * i:4 * i + 4].clone()) for i in range(3)]
-    opts = [Symo({"w": joint}, symo.parse_spec(PER_HEAD), lr=0.05, **options),
-            Symo({f"w{i}": p for i, p in enumerate(parts)}, symo.parse_spec(SPLIT_HEADS), lr=0.05, **options)]
+    opts = [Symo({"w": joint}, symo.parse_spec(PER_HEAD), lr=0.05, **kind_options(options)),
+            Symo({f"w{i}": p for i, p in enumerate(parts)}, symo.parse_spec(SPLIT_HEADS), lr=0.05,
+                 **kind_options(options))]
     assert [b.batch for b in opts[0].compiled.blocks] == [3] and len(opts[1].compiled.blocks) == 3
     for _ in range(4):
         for o, w in zip(opts, (joint, torch.cat(parts))):
@@ -435,7 +455,8 @@ def test_muon_scale_of_exactly_two():
     model(x).square().sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = Symo(model.named_parameters(), SPECS / "hidden_hidden.toml", lr=1.0, beta1=0.0, beta2=0.5, damping=0.0,
+    opt = Symo(model.named_parameters(), SPECS / "hidden_hidden.toml", preconditioner="root", lr=1.0, beta1=0.0,
+               beta2=0.5, damping=0.0,
                power=-0.25, update_scale="muon")
     opt.step()
     for n, g in grads.items():

@@ -36,9 +36,10 @@ def trained(model, spec=TANH, steps: int = 2, **options) -> Symo:
 # ------------------------------------------------------------------ the checkpoint's "symo" record
 def test_state_dict_records_the_spec_and_its_widths():
     torch.manual_seed(0)
-    opt = trained(MLP(SIZES).double(), beta2=0.9)
+    opt = trained(MLP(SIZES).double(), preconditioner="root", beta2=0.9)
     meta = opt.state_dict()["symo"]
-    assert meta == {"spec": "tanh MLP", "keys": [opt.compiled.key], "sizes": [dict(opt.compiled.sizes)]}
+    assert meta == {"spec": "tanh MLP", "keys": [opt.compiled.key], "sizes": [dict(opt.compiled.sizes)],
+                    "kind": "root"}
     assert meta["sizes"][0]["n_h1"] == 8 and meta["sizes"][0]["n_h2"] == 6      # the MLP's hidden widths
 
 
@@ -63,9 +64,9 @@ def test_loaded_state_moves_to_the_parameters_device():
     AdamW moments and the block statistics move to the parameters' device, AdamW's step counter stays
     where it was saved (as torch.optim does)."""
     torch.manual_seed(0)
-    saved = trained(MLP(SIZES).double(), MUON, beta2=0.9).state_dict()
+    saved = trained(MLP(SIZES).double(), MUON, preconditioner="root", beta2=0.9).state_dict()
     meta_model = MLP(SIZES).double().to("meta")
-    opt = Symo(meta_model.named_parameters(), MUON, lr=0.01, beta2=0.9)
+    opt = Symo(meta_model.named_parameters(), MUON, preconditioner="root", lr=0.01, beta2=0.9)
     opt.load_state_dict(saved)
     kinds = set()
     for p in meta_model.parameters():
@@ -85,7 +86,7 @@ def test_a_checkpoint_with_a_parameter_that_never_had_a_gradient_loads():
     torch.manual_seed(0)
     x, y = _data()
     model = MLP(SIZES).double()
-    opt = Symo(model.named_parameters(), MUON, lr=0.01, beta2=0.9)
+    opt = Symo(model.named_parameters(), MUON, preconditioner="root", lr=0.01, beta2=0.9)
 
     def steps(m, o, k):
         for _ in range(k):
@@ -97,7 +98,7 @@ def test_a_checkpoint_with_a_parameter_that_never_had_a_gradient_loads():
     steps(model, opt, 2)
     assert model.fc1.bias not in opt.state
     twin = copy.deepcopy(model)
-    opt2 = Symo(twin.named_parameters(), MUON, lr=0.01, beta2=0.9)
+    opt2 = Symo(twin.named_parameters(), MUON, preconditioner="root", lr=0.01, beta2=0.9)
     opt2.load_state_dict(opt.state_dict())
     steps(model, opt, 2)
     steps(twin, opt2, 2)
@@ -143,7 +144,7 @@ def test_adamw_moments_of_bfloat16_parameters_are_float32():
 
 # ------------------------------------------------------------------ taylor with float32 statistics
 def test_taylor_on_float32_statistics_follows_float64():
-    """estimator="taylor" on a float32 model with stats_dtype="float32" keeps float32 statistics and
+    """The taylor kind on a float32 model with stats_dtype="float32" keeps float32 statistics and
     preconditioners and tracks the
     same run in float64 to float32 accuracy (b3's block statistic has an eigenvalue at 4e-6 of its largest,
     which float32 holds to about 10%: that parameter agrees to 1e-2, every other to 1e-4)."""
@@ -152,7 +153,7 @@ def test_taylor_on_float32_statistics_follows_float64():
     runs = []
     for dtype in (torch.float64, torch.float32):
         model = copy.deepcopy(base).to(dtype)
-        opt = trained(model, steps=3, beta2=0.9, estimator="taylor", damping=1e-3,
+        opt = trained(model, steps=3, preconditioner="taylor", beta2=0.9, damping=1e-3,
                       stats_dtype="float32" if dtype == torch.float32 else "auto")
         runs.append(model)
         if dtype == torch.float32:
@@ -168,7 +169,7 @@ def test_describe_counts_and_tags():
     model = MLP(SIZES, bias=False)
     first = Symo(model.named_parameters(), MUON).describe().splitlines()[0]
     assert first == "Symo: 3 parameters preconditioned by spec 'Muon (per-matrix rows)', 0 to AdamW"
-    text = Symo(model.named_parameters(), ROWS, geometric_mean_with=COLS).describe().splitlines()
+    text = Symo(model.named_parameters(), ROWS, preconditioner="root", geometric_mean_with=COLS).describe().splitlines()
     rows = [ln for ln in text if ln.startswith("  [Shampoo row group (right factor)] L")]
     cols = [ln for ln in text if ln.startswith("  [Shampoo column group (left factor)] L")]
     assert len(rows) == len(cols) == 3, text
@@ -178,7 +179,7 @@ def test_memory_report_of_a_batched_block():
     """One weight (12 x 5) with a per-head gauge: a block of batch 3, mult 5; stored statistics are an EMA
     and its matrix function per head, 2 * 3 * 5 * 5 = 150 numbers, which the state then holds."""
     w = torch.nn.Parameter(torch.randn(12, 5, dtype=torch.float64))
-    opt = Symo({"w": w}, symo.parse_spec(PER_HEAD), beta2=0.9)
+    opt = Symo({"w": w}, symo.parse_spec(PER_HEAD), preconditioner="root", beta2=0.9)
     assert [(b.batch, b.mult) for b in opt.compiled.blocks] == [(3, 5)]
     report = opt.memory_report()
     assert report["symo_block_statistics"] == 150 and report["symo"] == 60 + 150
@@ -219,8 +220,8 @@ def test_blocks_of_one_shape_batched_or_not_give_muons_update(backend):
             assert rel(upd[n], want) < 1e-10, (batch, n)
 
 
-def test_source_gradient_with_a_gradless_parameter_counts_it_as_zero():
-    """Muon path with source="gradient": a covered parameter without a gradient counts as zero in its block
+def test_statistic_gradient_with_a_gradless_parameter_counts_it_as_zero():
+    """Muon path with statistic="gradient": a covered parameter without a gradient counts as zero in its block
     (the same update as an explicit zero gradient for the others) and does not move."""
     torch.manual_seed(0)
     base = MLP(SIZES).double()
@@ -228,7 +229,7 @@ def test_source_gradient_with_a_gradless_parameter_counts_it_as_zero():
     runs = []
     for drop in (True, False):
         model = copy.deepcopy(base)
-        opt = Symo(model.named_parameters(), TANH, lr=0.1, source="gradient", beta1=0.5)
+        opt = Symo(model.named_parameters(), TANH, lr=0.1, statistic="gradient", beta1=0.5)
         for _ in range(2):
             opt.zero_grad()
             _loss(model, x, y).backward()
@@ -269,13 +270,13 @@ def test_adamw_scale_on_the_newton_schulz_polar_path():
         assert rel(upd[n], want) < 1e-12, n
 
 
-def test_source_gradient_newton_schulz_backend_is_the_coupled_inverse_root():
-    """beta2 = 0, source="gradient", newton_schulz backend: a wide block (fc1, Y = G^T 5 x 8) gets
+def test_statistic_gradient_newton_schulz_backend_is_the_coupled_inverse_root():
+    """beta2 = 0, statistic="gradient", newton_schulz backend: a wide block (fc1, Y = G^T 5 x 8) gets
     (A + damping ||A||_F I)^{-1/2} Y from the coupled iteration; tall blocks (fc2, fc3) go through the low-rank
     root with damping * lambda_max."""
     torch.manual_seed(0)
     damping = 0.2
-    grads, upd, _ = _one_step(MLP(SIZES, bias=False).double(), MUON, backend="newton_schulz", source="gradient",
+    grads, upd, _ = _one_step(MLP(SIZES, bias=False).double(), MUON, backend="newton_schulz", statistic="gradient",
                               damping=damping, ns_inverse_steps=60)
     for n, g in grads.items():
         a = g.T @ g / g.shape[0]
@@ -300,7 +301,7 @@ def test_weight_decay_of_one_on_covered_parameters():
 
 
 def test_bfloat16_parameters_get_float32_statistics_like_float32_parameters():
-    """bfloat16 parameters with source="gradient" and the taylor estimator: gradients and weights are taken
+    """bfloat16 parameters with statistic="gradient" and the taylor estimator: gradients and weights are taken
     to float32 before any statistic, so the preconditioners equal those of float32 parameters holding the same
     values and gradients, bit for bit."""
     torch.manual_seed(0)
@@ -310,7 +311,7 @@ def test_bfloat16_parameters_get_float32_statistics_like_float32_parameters():
     opts = []
     for dtype in (torch.bfloat16, torch.float32):
         model = copy.deepcopy(base).to(dtype)
-        opt = Symo(model.named_parameters(), TANH, lr=0.01, beta2=0.9, source="gradient", estimator="taylor",
+        opt = Symo(model.named_parameters(), TANH, preconditioner="taylor", lr=0.01, beta2=0.9, statistic="gradient",
                    damping=1e-3, stats_dtype="float32")
         for n, p in model.named_parameters():
             p.grad = grads[n].to(dtype)
@@ -322,7 +323,7 @@ def test_bfloat16_parameters_get_float32_statistics_like_float32_parameters():
 
 
 def test_bfloat16_parameters_on_the_muon_path_with_gradient_statistics():
-    """beta2 = 0, source="gradient" on bfloat16 parameters: the gradients are taken to float32 like the
+    """beta2 = 0, statistic="gradient" on bfloat16 parameters: the gradients are taken to float32 like the
     momentum, and the step agrees with the same step on float32 parameters to bfloat16 precision."""
     torch.manual_seed(0)
     base = MLP(SIZES).to(torch.bfloat16)
@@ -331,7 +332,7 @@ def test_bfloat16_parameters_on_the_muon_path_with_gradient_statistics():
     models = []
     for dtype in (torch.bfloat16, torch.float32):
         model = copy.deepcopy(base).to(dtype)
-        opt = Symo(model.named_parameters(), TANH, lr=0.1, source="gradient", beta1=0.5)
+        opt = Symo(model.named_parameters(), TANH, lr=0.1, statistic="gradient", beta1=0.5)
         for n, p in model.named_parameters():
             p.grad = grads[n].to(dtype)
         opt.step()
@@ -351,12 +352,12 @@ def test_torch_distributed_checkpoint_round_trip_in_one_process(tmp_path) -> Non
 
     torch.manual_seed(0)
     model = MLP(SIZES).double()
-    opt = trained(model, TANH, preset="paper")
+    opt = trained(model, TANH, preset="notebook")
     twin = copy.deepcopy(model)
     state = {"optim": get_optimizer_state_dict(model, opt)}
     assert any("symo_blocks" in v for v in state["optim"]["state"].values())  # keyed by parameter name
     dcp.save(state, checkpoint_id=tmp_path)
-    resumed = Symo(twin.named_parameters(), TANH, lr=0.01, preset="paper")
+    resumed = Symo(twin.named_parameters(), TANH, lr=0.01, preset="notebook")
     loaded = {"optim": get_optimizer_state_dict(twin, resumed)}
     dcp.load(loaded, checkpoint_id=tmp_path)
     set_optimizer_state_dict(twin, resumed, loaded["optim"])

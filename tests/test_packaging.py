@@ -108,7 +108,8 @@ def test_bundled_names_resolve_and_paths_win(tmp_path: Path, monkeypatch: pytest
     assert symo.load_spec("gpt_muon").name == symo.load_spec("gpt_muon.toml").name
     assert resolve_spec_path("gpt_muon") == bundled["gpt_muon"]
     (tmp_path / "gpt_muon").write_text('name = "mine"\n[params]\nw = ["_"]\n')
-    assert symo.load_spec("gpt_muon").name == "mine"  # an existing path wins over a bundled name
+    with pytest.warns(symo.compiler.SpecShadowWarning):  # an existing file wins over a bundled name, said so
+        assert symo.load_spec("gpt_muon").name == "mine"
     with pytest.raises(symo.SpecError, match="bundled spec"):
         symo.load_spec("no_such_spec")
     model = symo.models.mlp_tanh()

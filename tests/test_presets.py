@@ -1,6 +1,6 @@
 """The named presets (symo.presets) against references written here from their published algorithms.
 
-- paper: the authors' prototype algorithm for one signed-permutation hidden space on a bias-free MLP,
+- notebook: the authors' prototype algorithm for one signed-permutation hidden space on a bias-free MLP,
   written out below with numpy (float64 EMA with bias correction, square root by eigh with negative
   eigenvalues clamped to zero, pseudo-inverse of the root), lr alpha * beta^t, no momentum.
 - muon: the reference Muon bit for bit, square layers included (tests/test_optim_options.py).
@@ -74,11 +74,11 @@ def prototype_step(w1, w2, g1, g2, state: dict, lr: float, beta: float = 0.95) -
     return w1 - lr * update[: w1.shape[1]].T, w2 - lr * update[w1.shape[1]:]
 
 
-def test_paper_preset_equals_the_prototype_algorithm_over_ten_steps():
+def test_notebook_preset_equals_the_prototype_algorithm_over_ten_steps():
     np = pytest.importorskip("numpy")
     student, x, y = teacher_student()
     ref = [student[0].weight.detach().numpy().copy(), student[2].weight.detach().numpy().copy()]
-    opt = Symo(student.named_parameters(), HIDDEN_SPEC_PATH(), preset="paper")
+    opt = Symo(student.named_parameters(), HIDDEN_SPEC_PATH(), preset="notebook")
     assert opt.config.beta2 == 0.95 and opt.config.beta1 == 0.0 and opt.config.damping == 0.0
     alpha, beta = 0.09, 0.91
     state: dict = {}
@@ -135,10 +135,10 @@ def test_shampoo_preset_is_a_running_sum_from_eps_with_its_inverse_root():
 
 def test_explicit_options_override_the_preset_and_describe_names_them():
     model = MLP((6, 10, 8, 4))
-    opt = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="paper", beta2=0.99, lr=0.01)
+    opt = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="notebook", beta2=0.99, lr=0.01)
     assert opt.config.beta2 == 0.99 and opt.config.beta1 == 0.0 and opt.param_groups[0]["lr"] == 0.01
     text = " ".join(line.strip() for line in opt.describe().splitlines())  # describe() wraps at 120 columns
-    assert "preset 'paper'" in text and "beta2=0.99 (preset: 0.95)" in text
+    assert "preset 'notebook'" in text and "beta2=0.99 (preset: 0.95)" in text
     assert "differs in" in text and "damping=" not in text.split("differs in")[1].split(" learning rate")[0]
     plain = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml").describe()
     assert "no preset" in plain and "no option differs" in plain
@@ -149,21 +149,28 @@ def test_lr_none_takes_the_presets_rate_and_the_default_otherwise():
     for name, preset in PRESETS.items():
         opt = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset=name)
         assert opt.param_groups[0]["lr"] == preset.lr, name
+        assert opt.config.kind == preset.values["preconditioner"], name
         for key, value in preset.values.items():
-            assert getattr(opt.config, key) == value, (name, key)
+            if key != "preconditioner":
+                assert getattr(opt.config, key) == value, (name, key)
+    # "paper" is the published step (the early notebooks' rule is "notebook")
+    paper = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="notebook")
+    assert paper.preset.name == "published" and paper.config.kind == "published"
     assert Symo(model.named_parameters(), SPECS / "mlp_tanh.toml").param_groups[0]["lr"] == 1e-3
 
 
 def test_bad_preset_and_preset_with_config_are_clear_errors():
     model = MLP((6, 10, 8, 4))
-    with pytest.raises(ValueError, match=r"unknown preset 'papr'.*\['muon', 'paper', 'shampoo'\]"):
+    with pytest.raises(ValueError, match=r"unknown preset 'papr'.*'muon', 'notebook', 'published'.*'paper' is"):
         Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="papr")
-    with pytest.raises(ValueError, match="preset='paper' or config=, not both"):
-        Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="paper", config=SymoConfig())
+    with pytest.raises(ValueError, match="preset='notebook' or config=, not both"):
+        Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="notebook", config=SymoConfig())
 
 
 def test_describe_with_a_config_and_no_preset_compares_with_the_defaults():
     model = MLP((6, 10, 8, 4))
-    opt = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", config=SymoConfig(beta2=0.9), damping=0.0)
+    opt = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", config=SymoConfig(preconditioner="root", beta2=0.9),
+               damping=0.0)
     text = " ".join(line.strip() for line in opt.describe().splitlines())
-    assert "no preset" in text and "beta2=0.9 (default: 0.0)" in text and "damping=0.0 (default: 1e-06)" in text
+    assert "no preset" in text and "preconditioner='root' (default: 'polar')" in text
+    assert "beta2=0.9 (default: 0.95)" in text and "damping=0.0 (default: 1e-06)" in text

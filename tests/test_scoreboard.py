@@ -13,7 +13,7 @@ def test_scoreboard_picks_the_best_of_each_side_and_names_the_winner(tmp_path, m
         "symo_muon": {"val_final_mean": 1.90}, "symo_true": {"val_final_mean": 1.80},
         "muon": {"val_final_mean": 2.00}, "adamw": {"val_final_mean": 2.20}}}))
     (tmp_path / "nanogpt_compare_reference.json").write_text(json.dumps({"optimizers": {
-        "symo_true_paper": {"val_final_mean": 1.70}, "muon": {"val_final_mean": 1.60}}}))
+        "symo_true_notebook": {"val_final_mean": 1.70}, "muon": {"val_final_mean": 1.60}}}))
     (tmp_path / "rnn_train.json").write_text(json.dumps({"optimizers": {
         "symo_rnn": {"loss_final_mean": 0.1000}, "adam": {"loss_final_mean": 0.1005}}}))
     (tmp_path / "hessian_cosine.json").write_text(json.dumps({"teacher_student": {"net": {"estimators": {

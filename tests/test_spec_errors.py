@@ -169,3 +169,27 @@ def test_good_spec_after_a_failure_compiles(tmp_path: Path) -> None:
     assert compiled.param_names == ["fc1.weight", "fc2.weight"]
     assert list(compiled.uncovered) == ["fc1.bias", "fc2.bias"]
     assert len(list((tmp_path / "cache").glob("*.py"))) == 1
+
+
+def test_a_bundled_spec_that_does_not_fit_points_to_symo_infer(tmp_path: Path) -> None:
+    """The bundled Muon spec names symo.models.MLP's `fc{i}`; on a model of one's own the error says how
+    to get a spec that fits (symo infer, --relax muon for the Muon-style one). A copy of the same spec
+    outside the package is a user's own spec: the hint is not given there."""
+    shapes = {"encoder.weight": (4, 3), "decoder.weight": (3, 4)}
+    with pytest.raises(symo.SpecError) as err:
+        symo.compile("muon", shapes, disk_cache=False)
+    assert "symo infer --relax muon" in str(err.value) and "'muon'" in str(err.value)
+    mine = tmp_path / "mine.toml"
+    mine.write_text(symo.compiler.parse.bundled_specs()["muon"].read_text())
+    with pytest.raises(symo.SpecError) as err:
+        symo.compile(mine, shapes, disk_cache=False)
+    assert "symo infer" not in str(err.value)
+    # what the hint recommends covers that model's hidden matrix (Muon leaves the first and last layer out)
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential()
+    for i, (name, layer) in enumerate([("encoder", torch.nn.Linear(3, 4)), ("hidden", torch.nn.Linear(4, 4)),
+                                       ("decoder", torch.nn.Linear(4, 3))]):
+        model.add_module(name, layer)
+        model.add_module(f"act{i}", torch.nn.Tanh())
+    spec = symo.infer_spec(model, (torch.randn(2, 3),), relax="muon")
+    assert symo.compile(spec, model, disk_cache=False).param_names == ["hidden.weight"]

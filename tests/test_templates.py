@@ -187,7 +187,7 @@ def test_symo_steps_equal_per_layer_code(beta2: float) -> None:
     final = []
     for comp in compiled:
         model = copy.deepcopy(base)
-        opt = symo.Symo(model.named_parameters(), comp, lr=0.02, beta2=beta2, backend="eigh")
+        opt = symo.Symo(model.named_parameters(), comp, preconditioner="root", lr=0.02, beta2=beta2, backend="eigh")
         train(model, opt, steps=3, batch=2, length=8)
         final.append(dict(model.named_parameters()))
     for name, p0 in base.named_parameters():

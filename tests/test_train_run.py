@@ -230,7 +230,7 @@ def _spawn(worker, *args) -> None:
 def test_fsdp_two_processes_equal_one_and_resume_bit_identically(tmp_path):
     """--fsdp under torchrun's setting: FSDP2 shards the model, Symo steps the shards and computes each block
     on one rank. The parameters equal one process's up to summation order; and with stored block statistics
-    (the paper preset), a run resumed from its step-2 checkpoint ends bit-identical to the uninterrupted one."""
+    (the notebook preset), a run resumed from its step-2 checkpoint ends bit-identical to the uninterrupted one."""
     cfg = tiny(tmp_path, out_dir=str(tmp_path / "two"), steps=3, eval_interval=3, n_layer=1, fsdp=True)
     _spawn(_fsdp_worker, cfg, str(tmp_path), -1)
     single = train(dataclasses.replace(cfg, out_dir=str(tmp_path / "one"), fsdp=False))
@@ -240,7 +240,7 @@ def test_fsdp_two_processes_equal_one_and_resume_bit_identically(tmp_path):
     for (n, w), w0 in zip(single["model"].state_dict().items(), init.state_dict().values()):
         assert (two[n] - w).norm() <= 1e-3 * (w - w0).norm() + 1e-7, n
 
-    paper = dataclasses.replace(cfg, out_dir=str(tmp_path / "whole"), steps=4, eval_interval=2, preset="paper",
+    paper = dataclasses.replace(cfg, out_dir=str(tmp_path / "whole"), steps=4, eval_interval=2, preset="notebook",
                                 spec="gpt_true", lr=None)
     _spawn(_fsdp_worker, paper, str(tmp_path), 2)
     _spawn(_fsdp_worker, dataclasses.replace(paper, out_dir=str(tmp_path / "resumed"), resume=True), str(tmp_path), -1)
@@ -263,18 +263,18 @@ def test_cli_train_prints_sample_and_plot(tmp_path, capsys):
 
 
 def test_train_with_a_preset_builds_that_optimizer_and_takes_its_rate(tmp_path):
-    """--preset paper: the run's Symo has the paper preset's options and, without --lr, its rate."""
+    """--preset notebook: the run's Symo has the notebook preset's options and, without --lr, its rate."""
     from symo.optim.presets import PRESETS
     from symo.train import build_optimizer
 
-    cfg = tiny(tmp_path, spec="gpt_true", preset="paper")
-    assert cfg.lr == PRESETS["paper"].lr
+    cfg = tiny(tmp_path, spec="gpt_true", preset="notebook")
+    assert cfg.lr == PRESETS["notebook"].lr
     result = train(cfg)
     assert math.isfinite(result["final_val"])
     opt = build_optimizer(result["model"], cfg)
-    assert opt.preset.name == "paper" and opt.config.beta2 == 0.95 and opt.config.beta1 == 0.0
+    assert opt.preset.name == "notebook" and opt.config.beta2 == 0.95 and opt.config.beta1 == 0.0
     with pytest.raises(ValueError, match="--preset applies to --optimizer symo"):
-        tiny(tmp_path, optimizer="muon", preset="paper")
+        tiny(tmp_path, optimizer="muon", preset="notebook")
     with pytest.raises(ValueError, match="--preset: unknown preset 'papr'"):
         tiny(tmp_path, preset="papr")
 

@@ -18,6 +18,7 @@ import importlib
 import importlib.metadata
 import os
 import sys
+import warnings
 
 from .common import CommandError, _describe, _spec_error
 from .parsers import add_commands
@@ -34,6 +35,11 @@ def _version() -> str:
         return "(version unknown: not installed)"
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one `warning: ...` line on stderr, like the errors (no source file and line)."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run `symo ARGV` (default: sys.argv[1:]); returns the exit status."""
     parser = argparse.ArgumentParser(
@@ -44,10 +50,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_commands(sub)
     args = parser.parse_args(argv)
+    precheck = getattr(args, "precheck", None)
+    if precheck is not None:  # option values, before the command's module (and torch) is imported
+        try:
+            precheck(args)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     module, _, function = args.run.partition(":")
     try:
-        run = getattr(importlib.import_module(module, __name__), function)  # the command's module, only now
-        return run(args)
+        with warnings.catch_warnings():  # restores the default display afterwards (main runs in tests too)
+            warnings.showwarning = _show_warning
+            run = getattr(importlib.import_module(module, __name__), function)  # the command's module, only now
+            return run(args)
     except _spec_error() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

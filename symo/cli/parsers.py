@@ -1,9 +1,10 @@
 """The arguments of every `symo` command, apart from the commands themselves.
 
 Each subcommand's `run` default names the function that carries it out, as ".module:function" in this
-package; `main` imports that module only when the command runs. So building the parser, which is all
-`symo --help` and `symo --version` do, loads only the standard library and `symo train`'s options
-(symo/train/config.py), not torch, sympy or networkx.
+package; `main` imports that module only when the command runs. A `precheck` default, where a command
+has one, checks the option values first (raising ValueError), so a bad value is reported at once.
+Building the parser, which is all `symo --help` and `symo --version` do, loads only the standard library
+and `symo train`'s options (symo/train/config.py), not torch, sympy or networkx.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig
+from ..optim.presets import ALIASES, PRESETS  # plain data: no torch
+from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, check_given, check_values
 
 # the optimizers `symo equivariance` knows by name (equivariance.py builds them)
 BUILTIN_RULES = ("sgd", "heavy_ball", "symo", "gd", "adam", "scalar_adam", "rmsprop", "signum", "lion", "adafactor",
@@ -39,8 +41,10 @@ def _add_train_parser(sub) -> None:
         "optimizer": f"one of {', '.join(OPTIMIZERS)}",
         "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
         "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
-        "preset": "Symo's preset: paper (averaged S^-1/2, no momentum, float64 powers), muon or shampoo; "
-                  "default: Muon's options at Muon's scale; --lr defaults to the preset's rate",
+        "preset": "Symo's preset: published (the published step; paper is its alias), notebook (the early "
+                  "notebooks' averaged S^-1/2, no momentum), muon, shampoo, eigen_adam (SOAP-style) or "
+                  "then_orthogonalize (PMuon); default: Muon's options at Muon's scale; --lr defaults to the "
+                  "preset's rate",
         "lr": "learning rate of the hidden matrices (AdamW: of all parameters); default "
               + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()),
         "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
@@ -78,8 +82,21 @@ def _add_train_parser(sub) -> None:
             kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
             t.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text,
                            choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral"),
-                                    "preset": ("paper", "muon", "shampoo")}.get(f.name))
-    t.set_defaults(run=".train:train_command")
+                                    "preset": (*PRESETS, *ALIASES)}.get(f.name))
+    t.set_defaults(run=".train:train_command", precheck=check_train_options)
+
+
+def check_train_options(args: argparse.Namespace) -> None:
+    """`symo train`'s option values, checked before torch is imported (ValueError naming the option): each
+    value given, and unless resuming (the checkpoint supplies the rest) their combinations and the options
+    the optimizer would ignore. train_command checks the same again once the options are complete."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    check_values(given)
+    if not given.get("resume"):
+        check_given(given, given.get("optimizer", TrainConfig.optimizer))
+        TrainConfig(**given)
+    elif "optimizer" in given:
+        check_given(given, given["optimizer"])
 
 
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import signal
+import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -18,10 +21,11 @@ import torch.distributed as dist
 from .. import train as training  # the package attribute `training.train`, so tests can stand in for train()
 from ..compiler import SpecError
 from ..train.checkpoint import CheckpointError
-from ..train.config import TrainConfig
+from ..train.config import TrainConfig, check_given
 from ..train.data import DataError
 from ..train.events import RunStart, StepReport, TrainInterrupted, TrainObserver
 from ..train.progress import progress
+from ..train.rundir import RunFolderError
 from .common import _describe
 
 __all__ = ["ConsoleReport", "train_command"]
@@ -40,11 +44,15 @@ def train_command(args: argparse.Namespace) -> int:
         if run_dir is not None:  # resuming: the checkpoint's options, then those given on the command line
             options = {**training.saved_options(run_dir), **given, "resume": True, "out_dir": run_dir}
         cfg = TrainConfig(**options)
+        check_given(given, cfg.optimizer)
         with ConsoleReport(show_bar=cfg.progress) as report:
             result = training.train(cfg, observer=report)
     except (CheckpointError, DataError, SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunFolderError as exc:  # the folder is in use or cannot be written: a condition of the system, as below
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:  # a run folder or file the system refuses (too long a name, no permission, ...)
         print(f"error: {_describe(exc)}", file=sys.stderr)
         return 1
@@ -73,7 +81,14 @@ class ConsoleReport(TrainObserver):
     Prints the run's header and the interrupt message on stdout and draws the progress bar on stderr
     (`show_bar=False`, from --no-progress, leaves out only the bar; on a log file or pipe the bar is
     plain periodic lines). Inside `with`, the first Ctrl-C asks the run to stop after the current step
-    (then a checkpoint is written); a second one interrupts at once.
+    (then a checkpoint is written); a second one ends the process at once (status 130), keeping the last
+    checkpoint.
+
+    Why a thread: Python runs a signal handler only between bytecodes of the main thread, so while one
+    long torch operation runs (a step at a large --block-size takes minutes) a handler waits for it to
+    return. The C-level handler still writes each signal's number to the wakeup file descriptor
+    (`signal.set_wakeup_fd`) at once; a watcher thread reads them, says what the first Ctrl-C does, and
+    on the second calls os._exit. Checkpoints are written atomically, so the last one stays whole.
     """
 
     def __init__(self, show_bar: bool = True) -> None:
@@ -81,16 +96,43 @@ class ConsoleReport(TrainObserver):
         self.stop = False
         self.bar: Any = None
         self.previous_handler: Any = None
+        self.previous_wakeup: int | None = None
+        self.wakeup: socket.socket | None = None
+        self.run_dir: Path | None = None
 
     def __enter__(self) -> ConsoleReport:
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
             self.previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+            reader, self.wakeup = socket.socketpair()
+            self.wakeup.setblocking(False)  # set_wakeup_fd requires it: a signal never blocks on a full buffer
+            self.previous_wakeup = signal.set_wakeup_fd(self.wakeup.fileno(), warn_on_full_buffer=False)
+            threading.Thread(target=self._watch, args=(reader,), name="symo-ctrl-c", daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.previous_handler is not None:
             signal.signal(signal.SIGINT, self.previous_handler)
             self.previous_handler = None
+        if self.wakeup is not None:
+            signal.set_wakeup_fd(self.previous_wakeup)
+            self.wakeup.close()  # the watcher reads the end of the stream and stops
+            self.wakeup = None
+
+    def _watch(self, reader: socket.socket) -> None:
+        """The watcher thread: counts the SIGINTs written to the wakeup descriptor as they arrive."""
+        count = 0
+        with reader:
+            while data := reader.recv(64):
+                count += data.count(signal.SIGINT)
+                if count == 1 and signal.SIGINT in data:
+                    print("\nCtrl-C: stopping after the current step, then writing a checkpoint (Ctrl-C again "
+                          "stops at once)", file=sys.stderr, flush=True)
+                if count >= 2:
+                    ckpt = self.run_dir / "ckpt.pt" if self.run_dir is not None else None
+                    kept = (f"the last checkpoint, {ckpt}, is kept; continue with: symo train --resume {self.run_dir}"
+                            if ckpt is not None and ckpt.is_file() else "no checkpoint had been written yet")
+                    print(f"\nsecond Ctrl-C: stopped at once; {kept}", file=sys.stderr, flush=True)
+                    os._exit(130)
 
     def _on_sigint(self, signum: int, frame: object) -> None:
         if self.stop:
@@ -102,7 +144,9 @@ class ConsoleReport(TrainObserver):
 
     def started(self, run: RunStart) -> None:
         cfg = run.config
-        print(f"symo train: {cfg.optimizer} (lr {cfg.lr:g}{', spec ' + cfg.spec if cfg.optimizer == 'symo' else ''}), "
+        self.run_dir = run.run_dir
+        symo = f"{f'preset {cfg.preset}' if cfg.preset else 'defaults'}, lr {cfg.lr:g}, spec {cfg.spec}"
+        print(f"symo train: {cfg.optimizer} ({symo if cfg.optimizer == 'symo' else f'lr {cfg.lr:g}'}), "
               f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {run.n_params / 1e6:.2f}M parameters), "
               f"{run.data_name} ({run.n_chars:,} chars, vocabulary {run.vocab_size}), batch {cfg.batch_size}x"
               f"{cfg.block_size}, {run.world} process(es) on {cfg.device}\nrun folder: {run.run_dir}"

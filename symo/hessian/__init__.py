@@ -13,7 +13,7 @@ cosine when present. Symo's `Curvature` qualifies (use `S.power(0.5)` for H_g = 
 `Diagonal`, `Identity`. The metrics are explained in docs/hessian.md.
 
 Room 3 of docs/architecture.md: imports only from `symo.runtime` (room 1).
-  exact.py            the true Hessian: dense, hvp, gradient, flatten / unflatten
+  exact.py            the true Hessian: dense, hvp, gradient, flatten / unflatten, second_order_attention
   comparison.py       compare, solve_cg, DenseEstimate
   taylor_estimate.py  Symo's taylor estimate (H = S_w^{-1} # S_g per block)
   baselines/          one baseline estimator per file: Identity, Diagonal, Shampoo, KFAC
@@ -21,8 +21,9 @@ Room 3 of docs/architecture.md: imports only from `symo.runtime` (room 1).
 
 from .baselines import KFAC, Diagonal, Identity, Shampoo
 from .comparison import DENSE_MAX, FROBENIUS_MAX, DenseEstimate, compare, solve_cg
-from .exact import dense, flatten, gradient, hvp, unflatten
+from .exact import dense, flatten, gradient, hvp, second_order_attention, unflatten
 from .taylor_estimate import taylor
 
 __all__ = ["DENSE_MAX", "FROBENIUS_MAX", "KFAC", "DenseEstimate", "Diagonal", "Identity", "Shampoo", "compare",
-           "dense", "flatten", "gradient", "hvp", "solve_cg", "taylor", "unflatten"]
+           "dense", "flatten", "gradient", "hvp", "second_order_attention", "solve_cg", "taylor",
+           "unflatten"]

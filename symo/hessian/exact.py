@@ -3,13 +3,19 @@ it), `gradient`, and `flatten` / `unflatten` between {name: tensor} and the P-ve
 
 `loss_fn(params_dict) -> scalar` must accept float64 tensors (cast the data to the parameters' dtype
 inside it).
+
+Second derivatives run the forward under PyTorch's math attention (`second_order_attention`): the fused
+`F.scaled_dot_product_attention` kernels (flash on CPU, flash and memory-efficient on GPUs) have neither
+a forward-mode nor a double-backward derivative, and the math path computes the same function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 Tensors = Mapping[str, torch.Tensor]
 LossFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
@@ -39,6 +45,18 @@ def unflatten(vec: torch.Tensor, like: Tensors) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------ the truth
+@contextlib.contextmanager
+def second_order_attention() -> Iterator[None]:
+    """Run `F.scaled_dot_product_attention` through its math path, which has second derivatives.
+
+    The fused kernels it picks by default raise NotImplementedError under forward-over-reverse (and
+    double backward): "Trying to use forward AD with _scaled_dot_product_flash_attention_for_cpu". The
+    math path is the textbook softmax(q k^T / sqrt(d) + mask) v, equal to them up to rounding.
+    """
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
+
+
 def hvp(loss_fn: LossFn, params: Tensors, v: Tensors) -> dict[str, torch.Tensor]:
     """H v by forward-over-reverse differentiation, in the parameters' dtype; H is never formed."""
     p = _detached(params, None)
@@ -46,7 +64,8 @@ def hvp(loss_fn: LossFn, params: Tensors, v: Tensors) -> dict[str, torch.Tensor]
     if missing:
         raise KeyError(f"hvp: v lacks tensors for parameters {missing}")
     tangent = {n: v[n].to(p[n].dtype) for n in p}
-    _, out = torch.func.jvp(torch.func.grad(loss_fn), (p,), (tangent,))
+    with second_order_attention():
+        _, out = torch.func.jvp(torch.func.grad(loss_fn), (p,), (tangent,))
     return out
 
 
@@ -73,8 +92,9 @@ def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tens
         return flatten(out, names)
 
     eye = torch.eye(total, dtype=torch.float64)
-    h = torch.func.vmap(column, chunk_size=chunk_size)(eye)
+    with second_order_attention():
+        h = torch.func.vmap(column, chunk_size=chunk_size)(eye)
     return (h + h.T) / 2
 
 
-__all__ = ["LossFn", "Tensors", "dense", "flatten", "gradient", "hvp", "unflatten"]
+__all__ = ["LossFn", "Tensors", "dense", "flatten", "gradient", "hvp", "second_order_attention", "unflatten"]

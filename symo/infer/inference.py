@@ -84,8 +84,12 @@ class Inference:
             lines.append(f"all spaces at once: rel. change {self.joint_rel_change:.1e} ({verdict}; tolerance "
                          f"{self.tolerance:.0e}, float64, {self.forwards} forward passes)"
                          + (": every space above is checked by this" if self.extra.get("checked_jointly") else ""))
-        for d in self.dropped:
-            lines.append(f"dropped: {d.reason}; parameters: {_short(d.params)}")
+        for d in self.dropped:  # a would-be space, not the parameters: they keep the spaces of their other axes
+            kept = [p for p in d.params if p not in self.uncovered]
+            lost = [p for p in d.params if p in self.uncovered]
+            lines.append(f"dropped a would-be space ({d.reason}); its axes are left free in: {_short(d.params)}"
+                         + (f" (still covered on other axes: {_short(kept)})" if kept else "")
+                         + (f" (uncovered as a result: {_short(lost)})" if lost else ""))
         for op, params in self.unknown_ops:
             lines.append(f"unsupported operation {op!r}: axes it touches are left free; parameters: {_short(params)}")
         if self.uncovered:

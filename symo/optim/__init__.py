@@ -1,8 +1,10 @@
 """Room 2: the Symo optimizer (docs/architecture.md).
 
-- optimizer.py: `Symo`, one step from the gradients to the parameter update;
+- optimizer.py: `Symo`, one step from the gradients to the parameter update (one gather -> kind -> scatter loop);
+- kinds/: the block-preconditioner interface (base.py) and one file per kind (polar, root, taylor, published,
+  eigen_adam, then_orthogonalize), each with its config dataclass;
 - config.py: `SymoConfig` and its per-feature dataclasses; presets.py: the named configurations;
-- plan.py: the per-block plan made at construction; statistics.py: the stored block statistics;
+- plan.py: the per-block plan made at construction;
 - matrix_functions.py: the per-block matrix-function backends; adamw.py: the AdamW fallback;
 - checks.py: input and state-dict checks; report.py: `describe()` and `memory_report()`;
 - distributed.py: several processes (FSDP2, DDP): coupling components, their owners, the exchanges.
@@ -18,11 +20,11 @@ from typing import Any
 
 # name -> module of this package that defines it
 _LAZY = {
-    "GROUP_KEYS": ".checks", "AdamWConfig": ".config", "CurvatureConfig": ".config", "DistributedConfig": ".config",
-    "ExecutionConfig": ".config",
-    "MatrixFunctionConfig": ".config", "MomentumConfig": ".config", "SymoConfig": ".config",
-    "UpdateConfig": ".config", "Symo": ".optimizer", "auto_backend": ".plan", "PRESETS": ".presets",
-    "Preset": ".presets", "get_preset": ".presets",
+    "GROUP_KEYS": ".checks", "AdamWConfig": ".config", "DistributedConfig": ".config", "ExecutionConfig": ".config",
+    "MomentumConfig": ".config", "SymoConfig": ".config", "UpdateConfig": ".config", "Symo": ".optimizer",
+    "PRESETS": ".presets", "Preset": ".presets", "get_preset": ".presets", "KINDS": ".kinds",
+    "PolarConfig": ".kinds", "RootConfig": ".kinds", "TaylorConfig": ".kinds", "PublishedConfig": ".kinds",
+    "EigenAdamConfig": ".kinds", "ThenOrthogonalizeConfig": ".kinds",
 }
 __all__ = sorted(_LAZY)
 

@@ -24,12 +24,13 @@ GROUP_KEYS = ("lr", "beta1", "nesterov", "weight_decay", "adamw_lr", "adamw_beta
 
 
 _FLOATS = ("beta1", "beta2", "damping", "power", "weight_decay", "adamw_rms")
+_OPTIONAL_FLOATS = ("gamma", "adam_beta2", "eps")  # None: the kind's default
 _INTS = ("precondition_frequency", "eigh_max_size", "ns_steps", "ns_inverse_steps")
 _BOOLS = ("nesterov", "check_finite", "compile")
-_CHOICES = {"source": ("momentum", "gradient"), "damping_mode": ("relative", "absolute"),
-            "estimator": ("gradient", "taylor"), "update_scale": ("natural", "muon", "adamw"),
-            "backend": ("auto", "eigh", "newton_schulz"), "ns_method": ("auto", "iterate", "spectral"),
-            "stats_dtype": ("auto", "float64", "float32")}
+_CHOICES = {"statistic": ("momentum", "gradient"), "damping_mode": ("relative", "absolute"),
+            "update_scale": ("natural", "muon", "adamw"), "backend": ("auto", "eigh", "newton_schulz"),
+            "ns_method": ("auto", "iterate", "spectral"), "stats_dtype": ("auto", "float64", "float32"),
+            "damping_scope": ("all", "block"), "inner": ("root", "eigen_adam")}
 
 
 def _is_real(x: object) -> bool:
@@ -42,6 +43,9 @@ def check_types(cfg: object) -> None:
     have = vars(cfg)
     for name in _FLOATS:
         if name in have and not _is_real(have[name]):
+            raise TypeError(f"{name} must be a number, got {have[name]!r}")
+    for name in _OPTIONAL_FLOATS:
+        if have.get(name) is not None and not _is_real(have[name]):
             raise TypeError(f"{name} must be a number, got {have[name]!r}")
     for name in _INTS:
         value = have.get(name, 0)
@@ -103,13 +107,23 @@ def check_group_options(opts: dict[str, Any], where: str) -> None:
             raise ValueError(message if where == "" or message.startswith(where) else f"{where}{message}")
 
 
-def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list[dict[str, Any]]) -> None:
-    """Refuse, before anything is loaded, a state dict saved by another spec, width or parameter set
-    (`stages`: the optimizer's block plan; `param_groups`: its torch param groups)."""
+def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list[dict[str, Any]], kind: Any) -> None:
+    """Refuse, before anything is loaded, a state dict saved by another spec, width, parameter set or
+    preconditioner kind (`stages`: the optimizer's block plan; `param_groups`: its torch param groups; `kind`:
+    its preconditioner, which declares the block state it keeps)."""
     if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
         raise TypeError("load_state_dict expects the dict returned by Symo.state_dict() "
                         "(with 'state' and 'param_groups')")
+    foreign = [i for i, g in enumerate(state_dict["param_groups"]) if not isinstance(g, Mapping) or "kind" not in g]
+    if foreign:
+        raise ValueError(f"load_state_dict: this state dict was not saved by Symo (param group {foreign[0]} has no "
+                         "'kind'; another optimizer's, e.g. torch.optim.AdamW's?): load it into that optimizer, "
+                         "or start Symo afresh")
     meta = state_dict.get("symo")
+    if meta is not None and meta.get("kind", kind.name) != kind.name:
+        raise ValueError(f"load_state_dict: the checkpoint was saved by preconditioner {meta['kind']!r}; this "
+                         f"optimizer uses {kind.name!r} (their block states differ): build the optimizer with "
+                         f"preconditioner={meta['kind']!r}, or start the new kind's statistics afresh")
     if meta is not None:
         mine = [st.compiled for st in stages]
         if list(meta.get("keys", [])) != [c.key for c in mine]:
@@ -145,7 +159,7 @@ def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list
                 if torch.is_tensor(v) and key != "step" and tuple(v.shape) != tuple(p.shape):
                     raise ValueError(f"load_state_dict: state {key!r} of parameter {name!r} has shape "
                                      f"{tuple(v.shape)}, the parameter {tuple(p.shape)}")
-    for stage in stages:
+    for k, stage in enumerate(stages):
         blocks = {b.id: b for b in stage.compiled.blocks}
         # a single process keeps them under the stage's key, several processes on their anchor parameter
         saved = [state_dict["state"].get(stage.key, {})] + [
@@ -155,11 +169,15 @@ def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list
             if bid not in blocks:
                 raise ValueError(f"load_state_dict: block {bid!r} of the checkpoint is not a block of spec "
                                  f"{stage.compiled.name!r}")
-            b = blocks[bid]
-            for key, v in st.items():
-                if torch.is_tensor(v) and v.dim() > 0 and tuple(v.shape) != (b.batch, b.mult, b.mult):
-                    raise ValueError(f"load_state_dict: statistic {key!r} of block {bid} has shape {tuple(v.shape)}, "
-                                     f"expected {(b.batch, b.mult, b.mult)}")
+            expected = kind.state_shapes(blocks[bid], k, len(stages))
+            for key, v in (st.items() if isinstance(st, Mapping) else ()):
+                if key not in expected:
+                    raise ValueError(f"load_state_dict: block {bid} holds state {key!r}, which preconditioner "
+                                     f"{kind.name!r} does not keep (it keeps {sorted(expected)})")
+                shape = expected[key]
+                if torch.is_tensor(v) and shape is not None and tuple(v.shape) != shape:
+                    raise ValueError(f"load_state_dict: state {key!r} of block {bid} has shape {tuple(v.shape)}, "
+                                     f"expected {shape}")
 
 
 def normalise_groups(params: NamedParams) -> list[dict[str, Any]]:

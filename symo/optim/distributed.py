@@ -1,4 +1,4 @@
-"""Symo on several processes: the distributed plan made at construction, and the distributors that move
+"""Symo on several processes: the distributed plan made at construction, and the `Distributor` that moves
 each coupling component's tensors to its owner rank and the updates back (docs/distributed.md).
 
 A coupling component is a set of blocks (over every stage) closed under sharing a parameter: a perm MLP
@@ -17,9 +17,9 @@ parameters; the replicated mode's way in, with nothing to move, is skipped.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,9 +30,6 @@ from .config import DistributedConfig
 from .plan import Stage
 
 Tensors = dict[str, torch.Tensor]
-# the owner's computation: (full tensors of the owned present parameters, their full gradients or None)
-# -> {parameter: full update} for those parameters
-Compute = Callable[[Tensors, Tensors | None], Tensors]
 COMM_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
@@ -114,31 +111,14 @@ def resolve_mode(cfg: DistributedConfig, params: Mapping[str, torch.Tensor]) -> 
     return mode
 
 
-class Distributor(Protocol):
-    """What the optimizer asks of a distributed mode."""
-
-    mode: str
-    components: list[Component]
-    owned: list[set[str]]
-    """Per stage: the ids of the blocks this rank computes."""
-    counters: dict[str, int]
-    """collectives and bytes sent by this rank in the last step."""
-
-    def local(self, t: torch.Tensor) -> torch.Tensor:
-        """The part of a parameter-shaped tensor this rank holds (a plain tensor)."""
-
-    def check_finite(self, grads: Tensors) -> None:
-        """NonFiniteGradientError on every rank when any rank holds a NaN/inf gradient."""
-
-    def directions(self, names: list[str], us: Tensors, grads: Tensors | None, compute: Compute) -> Tensors:
-        """Local tensors in, local updates out; `compute` runs on each owner's full tensors."""
-
-
 @dataclass
-class ExchangeDistributor:
-    """The one exchange both modes use: per parameter a row layout (rows per rank on dim 0, or None for a
-    whole tensor on every rank), one all-to-all per dtype and bucket each way. `ReplicatedDistributor`
-    and `FsdpDistributor` differ only in their layouts and in what a rank's own part of a tensor is."""
+class Distributor:
+    """The exchange of both modes: per parameter a row layout (rows per rank on dim 0, or None for a whole
+    tensor on every rank), one all-to-all per dtype and bucket each way. "replicated" (DDP): whole parameters
+    and the same gradients everywhere, nothing travels in, each owner's updates travel out whole. "fsdp"
+    (FSDP2): DTensor parameters sharded on dim 0 of a 1-D mesh (torch.chunk's uneven rows); a replicated
+    DTensor or a plain tensor counts as whole on every rank. The step calls `to_owners` before its block loop
+    and `from_owners` after it."""
 
     mode: str
     components: list[Component]
@@ -291,24 +271,8 @@ class ExchangeDistributor:
             return u.reshape(-1) if r != self.rank else u.new_empty(0)
         return u.narrow(0, sum(rows[:r]), rows[r]).reshape(-1)
 
-    def directions(self, names: list[str], us: Tensors, grads: Tensors | None, compute: Compute) -> Tensors:
-        full_us = self.to_owners(names, us)
-        full_grads = None if grads is None else self.to_owners(names, grads)
-        updates = compute(full_us, full_grads) if full_us else {}
-        return self.from_owners(names, updates, us)
 
-
-class ReplicatedDistributor(ExchangeDistributor):
-    """DDP: whole parameters and the same gradients everywhere; nothing travels in, each owner's updates
-    travel out whole (an all-gather written as an all-to-all with exact sizes)."""
-
-
-class FsdpDistributor(ExchangeDistributor):
-    """FSDP2: DTensor parameters sharded on dim 0 of a 1-D mesh (torch.chunk's uneven rows); a
-    replicated DTensor or a plain tensor counts as whole on every rank."""
-
-
-def distribute(cfg: DistributedConfig, estimator: str, stages: list[Stage], params: Mapping[str, torch.Tensor]
+def distribute(cfg: DistributedConfig, kind: Any, stages: list[Stage], params: Mapping[str, torch.Tensor]
                ) -> tuple[Distributor | None, dict[tuple[int, str], torch.Tensor]]:
     """The distributor for these parameters (None in one process or with nothing covered) and each block's
     anchor parameter: a block's statistics live in the state of its component's anchor parameter (with
@@ -318,8 +282,8 @@ def distribute(cfg: DistributedConfig, estimator: str, stages: list[Stage], para
     anchors = {(k, bid): params[anchor(ps, params)] for ps, blocks in coupling_components(stages) for k, bid in blocks}
     if mode == "off" or not stages[0].compiled.param_names:
         return None, anchors
-    if estimator == "taylor":
-        raise NotImplementedError("the taylor estimator reads the whole weights; it is not distributed "
+    if kind.needs_weights:
+        raise NotImplementedError(f"the {kind.name} preconditioner reads the whole weights; it is not distributed "
                                   "yet (distributed_mode='off' for one process)")
     return make_distributor(cfg, stages, params, mode), anchors
 
@@ -357,8 +321,7 @@ def make_distributor(cfg: DistributedConfig, stages: list[Stage], params: Mappin
     shapes = dict(stages[0].compiled.shapes)
     rows = {n: _rows(n, params[n], shapes[n], world, rank) for n in shapes}
     comm = None if cfg.comm_dtype == "auto" else COMM_DTYPES[cfg.comm_dtype]
-    cls = FsdpDistributor if mode == "fsdp" else ReplicatedDistributor
-    return cls(mode, comps, shapes, rows, rank, world, group, comm, max(1, int(cfg.bucket_mb * 2**20)))
+    return Distributor(mode, comps, shapes, rows, rank, world, group, comm, max(1, int(cfg.bucket_mb * 2**20)))
 
 
 def _rows(name: str, p: torch.Tensor, shape: tuple[int, ...], world: int, rank: int) -> list[int] | None:

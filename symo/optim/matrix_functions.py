@@ -1,11 +1,10 @@
-"""The matrix-function backends of the Symo step, per block (the linear algebra is symo.runtime.linalg).
+"""The matrix-function backends the kinds share, per block (the linear algebra is symo.runtime.linalg).
 
-- `single_statistic_apply`: S^{power} Y when S is this step's statistic alone (the Muon path): the
-  polar factor by Newton–Schulz, or the Gram side's eigh.
+- `current_statistic_apply`: S^{power} Y when S is this step's statistic alone (the Muon path): the polar
+  factor by Newton–Schulz, or the Gram side's eigh.
 - `stored_power`: A^{power} of a stored (averaged) statistic, by eigh or the coupled Newton–Schulz
   iteration, retried in float64 and never silently non-finite.
 - `taylor_power`: the taylor estimator's H = S_w^{-1} # S_g, raised to 2 power.
-- `finish`: the update-scale convention applied to a block's result.
 """
 
 from __future__ import annotations
@@ -27,74 +26,84 @@ from ..runtime.linalg import (
     sym_power,
     taylor_mean,
 )
-from .config import SymoConfig
 from .plan import BlockPlan
 
 
-def single_statistic_apply(y: torch.Tensor, ys: torch.Tensor, c: BlockPlan, cfg: SymoConfig,
-                           stats_dtype: torch.dtype) -> torch.Tensor:
-    """S^{power} Y with S this step's statistic alone (ys: its coordinates, maybe Y itself), finished."""
-    absolute = cfg.damping_mode == "absolute"
+def current_statistic_apply(y: torch.Tensor, ys: torch.Tensor, c: BlockPlan, nso, power: float, damping: float,
+                            absolute: bool, stats_dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+    """S^{power} Y with S this step's statistic alone (`ys`: its coordinates, maybe Y itself), as (Z, factor):
+    the result is factor * Z (sqrt(d) polar(Y) on the Newton–Schulz path, where the caller folds sqrt(d) into
+    its update scale so that Muon's scale is one multiplication, rounded as Muon rounds it).
+    `nso`: the Newton–Schulz options (NewtonSchulzOptions)."""
     if ys is y:
-        if c.backend == "newton_schulz":
-            # batch 1 (a whole matrix): plain 2-D GEMMs, faster than bmm and rounding like Muon's
-            y2 = y[0] if y.shape[0] == 1 else y
-            if c.transposed:
-                # Y = G^T of one square matrix: iterate on G, as Muon does (the same map, rounded alike)
-                y2 = y2.transpose(-1, -2)
-            if ns_method(y2.shape, y2.device, cfg) == "spectral":
-                z = newton_schulz_spectral(y2, cfg.ns_steps, cfg.ns_coeffs)
-            else:
-                work = y2.to(torch.bfloat16) if cfg.ns_dtype == "bfloat16" else y2
-                z = newton_schulz(work, cfg.ns_steps, cfg.ns_coeffs).to(y.dtype)
-            z = (z.transpose(-1, -2) if c.transposed else z).reshape(y.shape)
-            # sqrt(d) polar(Y) is the natural scale; fold it into the convention's factor
-            return finish(z, c, cfg, last=True, extra=math.sqrt(c.dim))
-        z = gram_power_apply(y, cfg.power, c.dim, cfg.damping, absolute=absolute)
-    else:  # a statistic other than Y (source="gradient"): formed and powered in stats_dtype
-        ys, y64 = ys.to(stats_dtype), y.to(stats_dtype)
-        if ys.shape[-2] <= ys.shape[-1]:
-            a = ys @ ys.transpose(-1, -2) / c.dim
-            z = stored_power(a, cfg.power, cfg, c.backend, c.where) @ y64
-        else:
-            z = lowrank_power_apply(ys / math.sqrt(c.dim), y64, cfg.power, cfg.damping, absolute=absolute)
-        z = z.to(y.dtype)
-    return finish(z, c, cfg, last=True)
+        scale = None if torch.compiler.is_compiling() else gram_safe_scale(y)
+        if scale is not None:  # a Gram of these entries would overflow or underflow: the scaled block's
+            y = y / scale      # result, scaled back (S^{power} Y is homogeneous of degree 2 power + 1 in Y)
+            damping = damping / scale ** 2 if absolute else damping
+        if c.backend == "newton_schulz" and power == -0.5:
+            return polar_newton_schulz(y, c, nso), math.sqrt(c.dim)
+        z = gram_power_apply(y, power, c.dim, damping, absolute=absolute)
+        return (z if scale is None else z * scale ** (2 * power + 1)), 1.0
+    # a statistic other than Y (statistic="gradient"): formed and powered in stats_dtype
+    ys, y64 = ys.to(stats_dtype), y.to(stats_dtype)
+    if ys.shape[-2] <= ys.shape[-1]:
+        a = ys @ ys.transpose(-1, -2) / c.dim
+        z = stored_power(a, power, c.backend, c.where, damping, absolute, nso.ns_inverse_steps) @ y64
+    else:
+        z = lowrank_power_apply(ys / math.sqrt(c.dim), y64, power, damping, absolute=absolute)
+    return z.to(y.dtype), 1.0
 
 
-def ns_method(shape: tuple[int, ...] | torch.Size, device: torch.device, cfg: SymoConfig) -> str:
-    """iterate or spectral for a Newton-Schulz call on a (..., m, n) block (see SymoConfig.ns_method)."""
-    if cfg.ns_method != "auto":
-        return cfg.ns_method
-    cheap = device.type == "cpu" and cfg.ns_dtype == "float32" and spectral_ns_is_cheaper(shape)
+def gram_safe_scale(y: torch.Tensor) -> torch.Tensor | None:
+    """A power of two per batch element that brings Y's largest entry near 1, when its Gram (and the Gram's
+    square, in Newton–Schulz) would overflow or underflow in Y's dtype; None otherwise, so that gradients of
+    ordinary size take exactly the unscaled path (and Muon's rounding)."""
+    info = torch.finfo(y.dtype)
+    top = y.abs().amax(dim=(-2, -1), keepdim=True)
+    if bool(((top > info.max ** 0.25) | ((top < info.tiny ** 0.25) & (top > 0))).any()):
+        return torch.exp2(torch.floor(torch.log2(top.clamp_min(info.tiny))))
+    return None
+
+
+def polar_newton_schulz(y: torch.Tensor, c: BlockPlan, nso) -> torch.Tensor:
+    """polar(Y) by Muon's iteration (or its spectral evaluation), per batch element."""
+    # batch 1 (a whole matrix): plain 2-D GEMMs, faster than bmm and rounding like Muon's
+    y2 = y[0] if y.shape[0] == 1 else y
+    if c.transposed:
+        # Y = G^T of one square matrix: iterate on G, as Muon does (the same map, rounded alike)
+        y2 = y2.transpose(-1, -2)
+    if ns_method(y2.shape, y2.device, nso) == "spectral":
+        z = newton_schulz_spectral(y2, nso.ns_steps, nso.ns_coeffs)
+    else:
+        work = y2.to(torch.bfloat16) if nso.ns_dtype == "bfloat16" else y2
+        z = newton_schulz(work, nso.ns_steps, nso.ns_coeffs).to(y.dtype)
+    return (z.transpose(-1, -2) if c.transposed else z).reshape(y.shape)
+
+
+def ns_method(shape: tuple[int, ...] | torch.Size, device: torch.device, nso) -> str:
+    """iterate or spectral for a Newton-Schulz call on a (..., m, n) block (NewtonSchulzOptions.ns_method)."""
+    if nso.ns_method != "auto":
+        return nso.ns_method
+    cheap = device.type == "cpu" and nso.ns_dtype == "float32" and spectral_ns_is_cheaper(shape)
     return "spectral" if cheap else "iterate"
 
 
-def finish(z: torch.Tensor, c: BlockPlan, cfg: SymoConfig, last: bool, extra: float = 1.0) -> torch.Tensor:
-    """The block's update scale (times `extra`), and for update_scale="adamw" the RMS matching."""
-    scale = c.scale * extra
-    z = z * scale if scale != 1.0 else z
-    if last and cfg.update_scale == "adamw":
-        rms = z.norm(dim=(-2, -1), keepdim=True) / math.sqrt(c.dof)
-        z = z * (cfg.adamw_rms / rms.clamp_min(1e-30))
-    return z
-
-
-def stored_power(a: torch.Tensor, power: float, cfg: SymoConfig, backend: str, where: str) -> torch.Tensor:
+def stored_power(a: torch.Tensor, power: float, backend: str, where: str, damping: float, absolute: bool,
+                 ns_inverse_steps: int = 25) -> torch.Tensor:
     """A^power of a stored statistic by the block's backend, never diverging.
 
-    The coupled Newton–Schulz iteration runs only where its damping makes it accurate (it cannot form
-    a pseudo-inverse); eigh elsewhere. A non-finite result is retried by a float64 eigh; if that too
-    is non-finite, NonFiniteUpdateError names the block and the backend."""
-    absolute = cfg.damping_mode == "absolute"
-    if backend == "newton_schulz" and ns_inverse_root_is_accurate(a, cfg.ns_inverse_steps, cfg.damping, absolute):
-        out = inv_sqrt_newton_schulz(a, cfg.ns_inverse_steps, cfg.damping, absolute=absolute)
+    The coupled Newton–Schulz iteration runs only for the -1/2 power and where its damping makes it accurate
+    (it cannot form a pseudo-inverse); eigh elsewhere. A non-finite result is retried by a float64 eigh; if
+    that too is non-finite, NonFiniteUpdateError names the block and the backend."""
+    if (backend == "newton_schulz" and power == -0.5
+            and ns_inverse_root_is_accurate(a, ns_inverse_steps, damping, absolute)):
+        out = inv_sqrt_newton_schulz(a, ns_inverse_steps, damping, absolute=absolute)
     else:
-        out = sym_power(a, power, cfg.damping, FLOAT64_EIGH_MAX, absolute=absolute)
+        out = sym_power(a, power, damping, FLOAT64_EIGH_MAX, absolute=absolute)
     if bool(torch.isfinite(out).all()):
         return out
     if bool(torch.isfinite(a).all()):
-        out = sym_power(a.to(torch.float64), power, cfg.damping, FLOAT64_EIGH_MAX, absolute=absolute).to(a.dtype)
+        out = sym_power(a.to(torch.float64), power, damping, FLOAT64_EIGH_MAX, absolute=absolute).to(a.dtype)
         if bool(torch.isfinite(out).all()):
             return out
     raise NonFiniteUpdateError(

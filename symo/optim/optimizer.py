@@ -1,44 +1,47 @@
-"""`Symo`: a torch optimizer whose preconditioner is the spec's orbit-averaged curvature (docs/theory.md).
+"""`Symo`: a torch optimizer whose preconditioner is built from the spec's orbit-averaged curvature (docs/theory.md).
 
     model = symo.models.gpt_bench()
-    opt = symo.Symo(model.named_parameters(), "specs/gpt_muon.toml", lr=0.02, update_scale="muon")
+    opt = symo.Symo(model.named_parameters(), "gpt_muon", lr=0.02, update_scale="muon")
     print(opt.describe())                      # which parameters are preconditioned, which go to AdamW
 
 Per step, for the parameters the spec covers:
 
-    m  <- beta1 m + (1 - beta1) g                         (Muon's lerp form; u = Nesterov blend or m)
-    A  <- EMA_beta2 of Y Y^T / d per isotypic block, Y = the block coordinates of u (or of g)
-    w  <- (1 - lr wd) w - lr * scale * A^{power} u          (power -1/2: S^{-1/2} u, the default H_g^{-1})
+    m  <- beta1 m + (1 - beta1) g          (Muon's lerp form; u = the Nesterov blend, or m)
+    for each pass the preconditioner kind asks for:
+        Y = the block coordinates of u (and of the other vectors it carries) in one stage's spec
+        the kind folds this step's statistics and refreshes its due factors (first visit of the stage),
+        then maps every block's Y to its new coordinates; the result is scattered back
+    w  <- (1 - lr wd) w - lr * direction
 
-With beta2 = 0 the statistic is the current vector alone and A^{-1/2} Y = sqrt(d) polar(Y): Muon.
-Nothing per block is stored then, and the polar factor comes from Newton–Schulz on Y or from the
-smaller Gram side's eigh. Uncovered parameters (embeddings, gains, biases) get the built-in AdamW.
-
-The units this file reads from: the block plan (plan.py), the stored statistics (statistics.py), the
-matrix-function backends (matrix_functions.py), the AdamW fallback (adamw.py), the options (config.py).
+The kinds live in symo/optim/kinds/ (polar: Muon's step, the default; root, taylor, published, eigen_adam,
+then_orthogonalize). Uncovered parameters (embeddings, gains, biases) get the built-in AdamW. Under several
+processes the vectors go to each block's owner rank first (`Distributor.to_owners`) and the directions come
+back (`from_owners`), around the same loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..compiler import Spec
-from ..runtime.compiled import CompiledSpec, check_finite_tensors, compile_for
+from ..compiler import Spec, SpecError
+from ..runtime.compiled import CompiledSpec, NonFiniteUpdateError, check_finite_tensors, compile_for
 from . import report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
-from .config import FEATURES, FLAT, SymoConfig
+from .config import SymoConfig
 from .distributed import Distributor, distribute, zeros_like_param
-from .matrix_functions import finish, single_statistic_apply, stored_power, taylor_power
-from .plan import Stage, build_stages, resolve_stats_dtype, stack_blocks
+from .kinds import KINDS
+from .kinds.base import BlockStep, Kind, StepContext
+from .plan import Stage, build_stages, resolve_stats_dtype
 from .presets import get_preset
-from .statistics import update_statistic
 
 SpecLike = str | Path | Spec | CompiledSpec
+Tensors = dict[str, torch.Tensor]
 
 
 class Symo(torch.optim.Optimizer):
@@ -47,39 +50,43 @@ class Symo(torch.optim.Optimizer):
     Args:
         params: named parameters (`model.named_parameters()`, a {name: param} dict) or param groups:
             dicts with "params": [(name, param), ...] plus any of `GROUP_KEYS`.
-        spec: a spec path, a parsed `Spec`, or a `CompiledSpec` (compiled here for the given shapes).
-        lr: learning rate of the covered parameters (see `SymoConfig.update_scale` for its scale);
+        spec: a spec path or bundled name, a parsed `Spec`, or a `CompiledSpec` (compiled here for the shapes).
+        lr: learning rate of the covered parameters (see `UpdateConfig.update_scale` for its scale);
             None: the preset's recommended rate, or 1e-3 without a preset.
-        config: a `SymoConfig`; keyword `overrides` (flat option names, or feature configs such as
-            `matrix_function=MatrixFunctionConfig(...)`) replace its values.
-        preset: "paper", "muon" or "shampoo" (symo.presets): start from that configuration instead of
-            the SymoConfig defaults; keyword `overrides` replace its values. Not with `config`.
+        config: a `SymoConfig`; keyword `overrides` (flat option names, feature configs such as
+            `momentum=MomentumConfig(...)`, or `preconditioner=` a kind name or its config) replace its values.
+        preset: a name of `symo.PRESETS` ("published", "notebook", "muon", "shampoo", "eigen_adam",
+            "then_orthogonalize"; "paper" = "published"): start from that configuration instead of the
+            SymoConfig defaults; keyword `overrides` replace its values. Not with `config`.
         sizes: space sizes the shapes cannot decide (as in `symo.compile`).
-        strict: False lets the spec cover more parameters than are given (fine-tuning a subset): its
-            entries for absent parameters are dropped, as `symo.compile(..., strict=False)` does.
+        strict: False lets the spec cover more parameters than are given (fine-tuning a subset, frozen
+            parameters left out): its entries for absent parameters are dropped, as
+            `symo.compile(..., strict=False)` does. None (the default): the same, with a warning naming the
+            first dropped rule; True: an error.
 
     Each user group becomes up to two torch param groups, `kind` "symo" (covered) and "adamw"
-    (uncovered, with "lr" = adamw_lr), so schedulers, `zero_grad` and `state_dict` act on both.
+    (uncovered, with "lr" = adamw_lr), so schedulers, `zero_grad` and `state_dict` act on both; each torch
+    group's "user_group" is the index of the group it came from (`describe()` shows the mapping), e.g. for
+    a LambdaLR with one function per torch group. lr,
+    weight_decay and beta1 are read from the param groups at every step; the kind's options (power, beta2,
+    ...) from `opt.config` at every step, so `opt.config.power = -0.25` takes effect at the next step.
     """
 
     def __init__(self, params: NamedParams, spec: SpecLike, lr: float | None = None,
                  config: SymoConfig | None = None, *, preset: str | None = None,
-                 sizes: dict[str, int] | None = None, strict: bool = True, **overrides: Any) -> None:
+                 sizes: dict[str, int] | None = None, strict: bool | None = None, **overrides: Any) -> None:
         if config is not None and not isinstance(config, SymoConfig):
             raise TypeError(f"config must be a SymoConfig, got {type(config).__name__}")
-        unknown = sorted(set(overrides) - set(FLAT) - set(FEATURES))
-        if unknown:
-            raise TypeError(f"Symo got unknown option(s) {unknown}; the options are the fields of SymoConfig")
         self.preset = None if preset is None else get_preset(preset)
         if self.preset is not None and config is not None:
             raise ValueError(f"pass preset={preset!r} or config=, not both; override a preset's values by "
-                             "keyword, e.g. Symo(params, spec, preset='paper', beta2=0.99)")
+                             "keyword, e.g. Symo(params, spec, preset='published', beta2=0.999)")
         if lr is None:
             lr = self.preset.lr if self.preset is not None else 1e-3
         # what describe() compares against: the preset, or the documented defaults
         self.base_config = SymoConfig(**self.preset.values) if self.preset is not None else SymoConfig()
         self.config = cfg = (config or self.base_config).replace(**overrides)
-        if sizes is not None and not isinstance(sizes, Mapping):
+        if sizes is not None and not isinstance(sizes, dict):
             raise TypeError(f"sizes must be a dict {{space: int}}, got {type(sizes).__name__}")
         if not isinstance(spec, (str, Path, Spec, CompiledSpec)):
             raise TypeError(f"spec must be a path, a bundled spec name, a Spec or a CompiledSpec, got "
@@ -91,39 +98,44 @@ class Symo(torch.optim.Optimizer):
         named = {n: p for g in user_groups for n, p in g["params"]}
         shapes = {n: tuple(p.shape) for n, p in named.items()}
         device = next(iter(named.values())).device
-        self.stats_dtype = resolve_stats_dtype(cfg.stats_dtype, device)
-        self.compiled = compile_for(spec, shapes, sizes, strict)
+        self.stats_dtype = resolve_stats_dtype(getattr(cfg.preconditioner, "stats_dtype", "auto"), device)
+        self.compiled = compile_subset(spec, shapes, sizes, strict)
         covered = set(self.compiled.param_names)
         missing = sorted(covered - set(named))
         if missing:
             raise ValueError(f"the spec covers parameters that were not given to the optimizer: {missing}")
-        second = None
-        if cfg.geometric_mean_with is not None:
-            second = compile_for(cfg.geometric_mean_with, shapes, sizes, strict)
-            if set(second.param_names) != covered:
+        specs = [self.compiled]
+        partner = getattr(cfg.preconditioner, "geometric_mean_with", None)
+        if partner is not None:
+            specs.append(compile_subset(partner, shapes, sizes, strict))
+            if set(specs[1].param_names) != covered:
                 raise ValueError("geometric_mean_with: both specs must cover the same parameters; "
-                                 f"they differ on {sorted(covered ^ set(second.param_names))}")
-        self.plan: list[Stage] = build_stages(self.compiled, second, cfg, device, self.stats_dtype)
+                                 f"they differ on {sorted(covered ^ set(specs[1].param_names))}")
+        self.kind: Kind = KINDS[cfg.kind][1](cfg)
+        self.kind.check(len(specs))
+        self.plan: list[Stage] = build_stages(
+            specs, lambda b, k: self.kind.backend_for(b, k, device, self.stats_dtype))
 
         groups = []
-        for g in user_groups:
+        for gi, g in enumerate(user_groups):
             opts = {k: g.get(k, lr if k == "lr" else getattr(cfg, k)) for k in GROUP_KEYS}
             cov = [(n, p) for n, p in g["params"] if n in covered]
             unc = [(n, p) for n, p in g["params"] if n not in covered]
             if cov:
-                groups.append({"params": cov, "kind": "symo", "lr": opts["lr"], "beta1": opts["beta1"],
-                               "nesterov": opts["nesterov"], "weight_decay": opts["weight_decay"]})
+                groups.append({"params": cov, "kind": "symo", "user_group": gi, "lr": opts["lr"],
+                               "beta1": opts["beta1"], "nesterov": opts["nesterov"],
+                               "weight_decay": opts["weight_decay"]})
             if unc:
-                groups.append({"params": unc, "kind": "adamw", "lr": opts["adamw_lr"],
+                groups.append({"params": unc, "kind": "adamw", "user_group": gi, "lr": opts["adamw_lr"],
                                "betas": tuple(opts["adamw_betas"]), "eps": opts["adamw_eps"],
                                "weight_decay": opts["adamw_wd"]})
         super().__init__(groups, {"lr": lr})
         self._ready = True
         self.assignment: dict[str, str] = {
             n: ("symo" if n in covered else "adamw") for g in self.param_groups for n in g["param_names"]}
-        self._compiled_directions: Callable | None = None
+        self._compiled_step: Callable | None = None
         self.distributor: Distributor | None  # None in one process
-        self.distributor, self.anchors = distribute(cfg.distributed, cfg.estimator, self.plan, named)
+        self.distributor, self.anchors = distribute(cfg.distributed, self.kind, self.plan, named)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Only at construction: the spec is compiled for the parameters given then."""
@@ -159,48 +171,75 @@ class Symo(torch.optim.Optimizer):
             d.counters.update(collectives=0, bytes=0)
         if self.config.check_finite:
             d.check_finite(grads) if d is not None else check_finite_tensors(grads, list(grads))
+        # the covered parameters first: their step can raise (the optimizer's own numerics), and a step that
+        # raises changes nothing (the AdamW parameters have not moved yet, and _step_covered commits last)
+        self._step_covered([g for g in self.param_groups if g["kind"] == "symo"])
         for group in self.param_groups:
             if group["kind"] == "adamw":  # elementwise: each rank steps its own shards
                 adamw_step(group, self.state, *(() if d is None else (d.local,)))
-        self._step_covered([g for g in self.param_groups if g["kind"] == "symo"])
         return loss
 
     def _step_covered(self, groups: list[dict]) -> None:
-        """Gradients -> momentum -> block coordinates -> matrix function -> scatter -> parameter update."""
+        """Gradients -> momentum -> (owners) -> the kind's passes over the blocks -> (back) -> parameter update.
+
+        Nothing is written until every direction is computed: the new momentum is kept aside, and the block
+        states a kind changes are journaled and put back if the step raises."""
         names, params, grads, bufs, betas, nesterovs = [], [], [], [], [], []
         local = (lambda t: t) if self.distributor is None else self.distributor.local  # a shard's own part
         for group in groups:
             for n, p in zip(group["param_names"], group["params"]):
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, dtype=moment_dtype(p.dtype))
+                st = self.state[p]
+                if "momentum_buffer" not in st:
+                    st["momentum_buffer"] = torch.zeros_like(p, dtype=moment_dtype(p.dtype))
                 names.append(n)
                 params.append(p)
                 grads.append(local(p.grad))
-                bufs.append(local(state["momentum_buffer"]))
+                bufs.append(local(st["momentum_buffer"]))
                 betas.append(group["beta1"])
                 nesterovs.append(group["nesterov"])
         if not names:
             return
-        if self.distributor is not None:  # momentum here, the rest on each component's owner
-            us = dict(zip(names, momentum(grads, bufs, betas, nesterovs)))
-            gs = dict(zip(names, grads)) if self.config.source == "gradient" else None
-            owned = self.distributor.owned
-            updates = self.distributor.directions(names, us, gs,
-                                                  lambda fu, fg: self._directions(names, fu, fg, owned))
-        elif self.config.muon_path:  # one statistic, used at once: nothing stored per block
-            fn = muon_path_directions
-            if self.config.compile:
-                if self._compiled_directions is None:
-                    self._compiled_directions = torch.compile(muon_path_directions, fullgraph=True)
-                fn = self._compiled_directions
-            updates = fn(self.plan[0], self.config, self.stats_dtype, names, grads, bufs, tuple(betas),
-                         tuple(nesterovs))
+        ctx = StepContext(self.stats_dtype, shared_beta1(betas), len(self.plan), params[0].device)
+        d = self.distributor
+        if d is None and self.kind.name == "polar" and self.config.compile:
+            if self._compiled_step is None:
+                self._compiled_step = torch.compile(polar_step, fullgraph=True)
+            updates, new_bufs = self._compiled_step(self.plan, self.kind, ctx, names, grads, bufs, tuple(betas),
+                                                    tuple(nesterovs))
         else:
-            us = dict(zip(names, momentum(grads, bufs, betas, nesterovs)))
-            updates = self._averaged_directions(names, us, dict(zip(names, grads)), None)
+            us_list, new_bufs = momentum(grads, bufs, betas, nesterovs)
+            us = dict(zip(names, us_list))
+            vectors = {"u": us}
+            if "g" in self.kind.vectors():
+                vectors["g"] = {n: g.to(us[n].dtype) for n, g in zip(names, grads)}
+            weights = None
+            if self.kind.needs_weights:
+                weights = {n: local(p).detach().to(us[n].dtype) for n, p in zip(names, params)}
+            owned = None
+            if d is not None:
+                vectors = {key: d.to_owners(names, v) for key, v in vectors.items()}
+                owned = d.owned
+            journal: list[tuple[dict, dict]] = []
+
+            def journaled(k: int, stage: Stage, bid: str) -> dict[str, Any]:
+                st = self._block_state(k, stage, bid)
+                journal.append((st, dict(st)))  # kinds replace their state's tensors, never write into them
+                return st
+
+            try:
+                updates = (directions(self.plan, self.kind, ctx, vectors, weights, set(names), journaled, owned)
+                           if vectors["u"] else {})
+            except BaseException:
+                for st, before in reversed(journal):
+                    st.clear()
+                    st.update(before)
+                raise
+            if d is not None:
+                updates = d.from_owners(names, updates, us)
+        for buf, new in zip(bufs, new_bufs):
+            buf.copy_(new)
         lookup = {id(p): g for g in groups for p in g["params"]}
         for n, p in zip(names, params):
             group = lookup[id(p)]
@@ -209,94 +248,77 @@ class Symo(torch.optim.Optimizer):
                 target.mul_(1 - group["lr"] * group["weight_decay"])
             target.add_(updates[n].to(p.dtype), alpha=-group["lr"])
 
-    def _directions(self, names: list[str], us: dict[str, torch.Tensor], grads: dict[str, torch.Tensor] | None,
-                    owned: list[set[str]]) -> dict[str, torch.Tensor]:
-        """An owner's part: `us` (and `grads`) are the whole tensors of the present parameters it owns,
-        `names` every present parameter; only the blocks in `owned` (per stage) are computed."""
-        if self.config.muon_path:
-            return muon_directions(self.plan[0], self.config, self.stats_dtype, names, us, grads, owned[0])
-        return self._averaged_directions(names, us, grads, owned)
-
-    def _averaged_directions(self, names: list[str], us: dict[str, torch.Tensor],
-                             grads: dict[str, torch.Tensor] | None,
-                             owned: list[set[str]] | None) -> dict[str, torch.Tensor]:
-        """Stored statistics: each block's average A is updated, its A^{power} refreshed when due, and
-        applied to the block's coordinates; a geometric mean applies its stages one after the other.
-        `owned` (several processes): per stage, the blocks computed here; the others stay zero."""
-        cfg = self.config
-        like = next(iter(us.values()))
-        present = set(names)
-        stats = us if cfg.source == "momentum" else {n: g.to(like.dtype) for n, g in grads.items()}
-        current = us
-        for k, stage in enumerate(self.plan):
-            comp = stage.compiled
-            ys = comp.gather(with_zeros(comp, current, like))
-            ss = comp.gather(with_zeros(comp, stats, like)) if stats is not current else ys
-            sw = None
-            if cfg.estimator == "taylor":
-                w = {n: p.detach().to(like.dtype) for g in self.param_groups
-                     for n, p in zip(g["param_names"], g["params"]) if n in comp.shapes}
-                sw = comp.orbit_average(w, centered=True, check_finite=False)
-            zs = {}
-            for b in comp.blocks:
-                c = stage.blocks[b.id]
-                if present.isdisjoint(c.params) or (owned is not None and b.id not in owned[k]):
-                    zs[b.id] = torch.zeros_like(ys[b.id])
-                    continue
-                st = state.block_state(self, k, stage, b.id)
-                average, due = update_statistic(st, ss[b.id], c.dim, cfg, self.stats_dtype)
-                if due and sw is not None and b.id in (sw.dense_factors.keys() | sw.root_factors.keys()):
-                    st["precond"] = taylor_power(average, sw.factor(b.id).to(average.dtype), stage.power,
-                                                 cfg.damping, cfg.damping_mode == "absolute")
-                elif due:
-                    st["precond"] = stored_power(average, stage.power, cfg, c.backend, c.where)
-                y = ys[b.id]
-                z = (st["precond"] @ y.to(st["precond"].dtype)).to(y.dtype)
-                zs[b.id] = finish(z, c, cfg, last=k == len(self.plan) - 1)
-            current = comp.scatter(zs)
-        return current
+    def _block_state(self, k: int, stage: Stage, bid: str) -> dict[str, Any]:
+        return state.block_state(self, k, stage, bid)
 
     # ------------------------------------------------------------------ state (symo.optim.state)
     def state_dict(self) -> dict[str, Any]:
-        """torch's state dict plus "symo": the spec key, sizes and stages it was saved for, so
-        `load_state_dict` can refuse a checkpoint of another spec, width or parameter set."""
-        return {**super().state_dict(), "symo": state.checkpoint_meta(self.plan)}
+        """torch's state dict plus "symo": the spec key, sizes, stages and kind it was saved for, so
+        `load_state_dict` can refuse a checkpoint of another spec, width, parameter set or kind."""
+        return {**super().state_dict(), "symo": state.checkpoint_meta(self.plan, self.kind.name)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """As torch's, plus the block statistics (plain tensors keyed by block id): copied to the
+        """As torch's, plus the block states (plain tensors keyed by block id): copied to the
         parameters' device so the loaded optimizer owns them. The checkpoint is checked first
-        against this optimizer's spec, widths and parameters (ValueError naming what differs)."""
-        check_state_dict(state_dict, self.plan, self.param_groups)
+        against this optimizer's spec, widths, parameters and kind (ValueError naming what differs)."""
+        check_state_dict(state_dict, self.plan, self.param_groups, self.kind)
         super().load_state_dict(state_dict)
         state.own_loaded_state(self, state_dict)
 
     def full_state_dict(self) -> dict[str, Any]:
         """The state consolidated, on every rank: sharded state gathered into whole tensors and every
-        owner's block statistics under the stages' keys (collective: every rank calls it). What a rank-0
+        owner's block states under the stages' keys (collective: every rank calls it). What a rank-0
         `torch.save` checkpoint needs; `load_state_dict` takes it on any number of ranks."""
-        return {**state.consolidated_state_dict(self), "symo": state.checkpoint_meta(self.plan)}
+        return {**state.consolidated_state_dict(self), "symo": state.checkpoint_meta(self.plan, self.kind.name)}
 
     def block_statistics(self, key: str = "symo_blocks") -> dict[str, dict[str, Any]]:
-        """{block id: {"step", "ema", "precond"}} of the stored statistics ("symo_gm_blocks": a geometric
-        mean's second spec); with several processes, the blocks this rank owns."""
+        """{block id: the block's state ("step", "ema", "precond", ...: see the kind)} ("symo_gm_blocks": a
+        geometric mean's second spec); with several processes, the blocks this rank owns."""
         return state.block_statistics(self, key)
 
     def state_bytes(self) -> int:
-        """Bytes held in optimizer state tensors (momentum, AdamW moments, block statistics)."""
+        """Bytes held in optimizer state tensors (momentum, AdamW moments, block states)."""
         return state.state_bytes(self.state)
 
 
-def momentum(grads, bufs, betas, nesterovs) -> list[torch.Tensor]:
-    """Muon's momentum in place on `bufs`; returns the vectors to precondition (Nesterov blend or m)."""
-    us = []
+def compile_subset(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None,
+                   strict: bool | None) -> CompiledSpec:
+    """`spec` compiled for the given parameters; with strict=None, rules that match none of them (frozen
+    parameters left out of the optimizer, the torch idiom) are dropped with a warning naming the first."""
+    if strict is not None:
+        return compile_for(spec, shapes, sizes, strict)
+    try:
+        return compile_for(spec, shapes, sizes, True)
+    except SpecError as err:
+        if err.reason != "pattern matches no parameter of the model":
+            raise
+        warnings.warn(f"the spec's rule {err.key} matches no parameter given to Symo (frozen parameters left "
+                      "out?); rules without parameters are dropped. Pass strict=False to say so and silence "
+                      "this, or strict=True to make it an error", UserWarning, stacklevel=3)
+        return compile_for(spec, shapes, sizes, False)
+
+
+def shared_beta1(betas: list[float]) -> float:
+    """The covered groups' momentum, which the kinds that debias it need as one value."""
+    if any(b != betas[0] for b in betas):
+        raise ValueError(f"the covered parameter groups have different beta1 values {sorted(set(betas))}; a block "
+                         "may span several groups, so Symo needs one beta1 for all of them")
+    return betas[0]
+
+
+def momentum(grads, bufs, betas, nesterovs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Muon's momentum: (the vectors to precondition, Nesterov blend or m; the new buffers), `bufs` untouched
+    (the step writes the new buffers once it has succeeded)."""
+    us, new = [], []
     for g, buf, beta, nest in zip(grads, bufs, betas, nesterovs):
         g = g.to(buf.dtype)
-        buf.lerp_(g, 1 - beta)
-        us.append(g.lerp(buf, beta) if nest else buf)
-    return us
+        m = buf.lerp(g, 1 - beta)
+        new.append(m)
+        us.append(g.lerp(m, beta) if nest else m)
+    return us, new
 
 
-def with_zeros(compiled: CompiledSpec, tensors: dict[str, torch.Tensor], like: torch.Tensor) -> dict:
+def with_zeros(compiled: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Tensors:
     """Covered parameters without a gradient this step count as zero in their blocks."""
     if len(tensors) == len(compiled.param_names):
         return tensors
@@ -307,49 +329,100 @@ def with_zeros(compiled: CompiledSpec, tensors: dict[str, torch.Tensor], like: t
     return out
 
 
-def muon_path_directions(stage: Stage, cfg: SymoConfig, stats_dtype: torch.dtype, names, grads, bufs,
-                         betas, nesterovs) -> dict[str, torch.Tensor]:
-    """The Muon path, Python control flow static in the shapes and config (so torch.compile takes it
-    whole): momentum, block coordinates Y, S^{power} Y with S this step's statistic, scatter."""
-    us = dict(zip(names, momentum(grads, bufs, betas, nesterovs)))
-    gs = dict(zip(names, grads)) if cfg.source == "gradient" else None
-    return muon_directions(stage, cfg, stats_dtype, names, us, gs, None)
+def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[str, Tensors],
+               weights: Tensors | None, present: set[str],
+               block_state: Callable[[int, Stage, str], dict[str, Any]],
+               owned: list[set[str]] | None) -> Tensors:
+    """The one loop: for each of the kind's passes, gather -> the kind on every block -> scatter.
+
+    `vectors`: {"u": the vectors preconditioned, "g": the raw gradients when the kind asks for them};
+    `present`: the parameters with a gradient (a block none of whose parameters has one is skipped, its
+    update zero); `owned` (several processes): per stage, the blocks computed here."""
+    like = next(iter(vectors["u"].values()))
+    carried = {key: vectors[key] for key in kind.carried}
+    stat_key = kind.statistic_key()
+    visited: set[int] = set()
+    scratch: dict[tuple[int, str], dict[str, Any]] = {}
+    moved = False  # whether the carried vectors are still the raw ones
+    for k, direction in kind.passes(len(plan)):
+        stage = plan[k]
+        comp = stage.compiled
+        coords = {key: comp.gather(with_zeros(comp, v, like)) for key, v in carried.items()}
+        first = k not in visited
+        visited.add(k)
+        stats = weight = None
+        if first:
+            raw_is_carried = not moved and stat_key in coords
+            stats = coords[stat_key] if raw_is_carried else comp.gather(with_zeros(comp, vectors[stat_key], like))
+            if kind.needs_weights and weights is not None:
+                weight = lazy_gather(comp, weights, like)
+        steps: list[BlockStep] = []
+        zs: dict[str, dict[str, torch.Tensor]] = {}
+        for b in comp.blocks:
+            c = stage.blocks[b.id]
+            if present.isdisjoint(c.params) or (owned is not None and b.id not in owned[k]):
+                for key in coords:
+                    zs.setdefault(key, {})[b.id] = torch.zeros_like(coords[key][b.id])
+                continue
+            steps.append(BlockStep(
+                c, block_state(k, stage, b.id) if kind.stateful else {}, {key: v[b.id] for key, v in coords.items()},
+                None if stats is None else stats[b.id],
+                None if weight is None else (lambda bid=b.id, weight=weight: weight()[bid]),
+                scratch.setdefault((k, b.id), {})))
+        try:
+            if first and steps:
+                kind.update(k, steps, ctx)
+                due = [s for s in steps if kind.due(k, s)]
+                if due:
+                    kind.refresh(k, due, ctx)
+            outs = kind.apply(k, direction, steps, ctx) if steps else []
+        except torch.linalg.LinAlgError as err:
+            raise linalg_failure(kind, comp, vectors, err) from err
+        keys = list(outs[0]) if outs else list(coords)
+        for s, out in zip(steps, outs):
+            for key in keys:
+                zs.setdefault(key, {})[s.plan.id] = out[key]
+        carried = {key: comp.scatter({bid: z for bid, z in zs.get(key, {}).items()}) for key in keys}
+        moved = True
+    return carried["u"]
 
 
-def muon_directions(stage: Stage, cfg: SymoConfig, stats_dtype: torch.dtype, names: list[str],
-                    us: dict[str, torch.Tensor], grads: dict[str, torch.Tensor] | None,
-                    owned: set[str] | None) -> dict[str, torch.Tensor]:
-    """The Muon path after momentum: `us` the vectors to precondition, `grads` for source="gradient",
-    `names` the parameters with a gradient; `owned` (several processes): the blocks computed here."""
-    like = next(iter(us.values()))
-    comp = stage.compiled
-    ys = comp.gather(with_zeros(comp, us, like))
-    if cfg.source == "gradient":
-        ss = comp.gather(with_zeros(comp, {n: g.to(like.dtype) for n, g in grads.items()}, like))
-    else:
-        ss = ys
-    present = set(names)
-    zs = {}
-    groups: dict[tuple, list[str]] = {}  # same shape and constants -> one batched call
-    batch = stack_blocks(cfg, like.device)
-    for b in comp.blocks:
-        c = stage.blocks[b.id]
-        if present.isdisjoint(c.params) or (owned is not None and b.id not in owned):
-            zs[b.id] = torch.zeros_like(ys[b.id])
-        elif batch:
-            key = (tuple(ys[b.id].shape), tuple(ss[b.id].shape), c.dim, c.backend, c.scale, c.dof, c.transposed)
-            groups.setdefault(key, []).append(b.id)
-        else:
-            zs[b.id] = single_statistic_apply(ys[b.id], ss[b.id], c, cfg, stats_dtype)
-    for ids in groups.values():
-        c = stage.blocks[ids[0]]
-        if len(ids) == 1:
-            zs[ids[0]] = single_statistic_apply(ys[ids[0]], ss[ids[0]], c, cfg, stats_dtype)
-            continue
-        # blocks are (batch, mult, width) and every matrix function acts per batch element, so
-        # stacking along the batch axis computes the same thing in one call
-        y = torch.cat([ys[i] for i in ids])
-        s = y if ss is ys else torch.cat([ss[i] for i in ids])
-        for i, z in zip(ids, single_statistic_apply(y, s, c, cfg, stats_dtype).split([ys[i].shape[0] for i in ids])):
-            zs[i] = z
-    return comp.scatter(zs)
+def linalg_failure(kind: Kind, comp: CompiledSpec, vectors: dict[str, Tensors], err: Exception
+                   ) -> NonFiniteUpdateError:
+    """A matrix function that failed (eigh of a NaN or inf statistic), as the documented error: it names the
+    parameter whose vector is not finite (check_finite=False let it in), or says the optimizer's numerics failed."""
+    bad = [n for v in vectors.values() for n, t in v.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        return NonFiniteUpdateError(
+            f"Symo's {kind.name} preconditioner could not decompose a statistic of spec {comp.name!r}: the "
+            f"gradient or momentum of {sorted(set(bad))[:3]} holds NaN/inf (check_finite=False let it in); the "
+            "step changed nothing: skip this batch, lower the learning rate, or keep check_finite=True")
+    return NonFiniteUpdateError(
+        f"Symo's {kind.name} preconditioner failed on a finite statistic of spec {comp.name!r} ({err}); this is "
+        "the optimizer's numerics, not your gradient: use stats_dtype='float64', or add damping; the step "
+        "changed nothing")
+
+
+def lazy_gather(comp: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
+    """The block coordinates of `tensors`, gathered on the first call and kept."""
+    cache: dict[str, dict[str, torch.Tensor]] = {}
+
+    def get() -> dict[str, torch.Tensor]:
+        if "coords" not in cache:
+            cache["coords"] = comp.gather(with_zeros(comp, tensors, like))
+        return cache["coords"]
+
+    return get
+
+
+def polar_step(plan: list[Stage], kind: Kind, ctx: StepContext, names, grads, bufs, betas, nesterovs
+               ) -> tuple[Tensors, list[torch.Tensor]]:
+    """The polar kind's whole step, Python control flow static in the shapes and config (torch.compile takes
+    it as one graph): momentum, then the one loop (no block state). Returns the directions and the new
+    momentum buffers."""
+    us_list, new_bufs = momentum(grads, bufs, betas, nesterovs)
+    us = dict(zip(names, us_list))
+    vectors = {"u": us}
+    if "g" in kind.vectors():
+        vectors["g"] = {n: g.to(us[n].dtype) for n, g in zip(names, grads)}
+    return directions(plan, kind, ctx, vectors, None, set(names), lambda k, stage, bid: {}, None), new_bufs

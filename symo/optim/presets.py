@@ -1,18 +1,27 @@
-"""Named Symo configurations: `Symo(..., preset="paper" | "muon" | "shampoo")`.
+"""Named Symo configurations: `Symo(..., preset="published" | "notebook" | "muon" | "shampoo" | "eigen_adam" |
+"then_orthogonalize")`; "paper" is another name for "published".
 
-A preset is a set of `SymoConfig` values plus a recommended starting learning rate. Options passed
-explicitly to `Symo` override the preset's values; `describe()` names the preset and every value that
-differs from it.
+A preset is a set of `SymoConfig` values (the preconditioner kind among them) plus a recommended starting
+learning rate. Options passed explicitly to `Symo` override the preset's values; `describe()` names the preset
+and every value that differs from it.
 
-- paper: the orbit-averaged curvature method as published. H = S_g^{1/2} with S_g a bias-corrected EMA
-  (0.95) of the block statistics of the raw gradient, no gradient momentum, no damping (pseudo-inverse
-  of S_g, zeros dropped), exact powers by eigh, statistics and matrix functions in float64.
+- published: the Symo step as the method was published (kinds/published.py): momentum 0.9, the centred
+  statistic of the debiased momentum in an EMA (0.99), the weights' S_w, H_inv = S_w # S_g^{-1} with every
+  power damped by 1e-4 of its matrix's largest eigenvalue (damping_scope "all"), float64 eigendecompositions.
+- notebook: the authors' early notebooks (what this project first called "paper"): S_g^{-1/2} g with S_g a
+  bias-corrected EMA (0.95) of the block statistics of the raw gradient, no gradient momentum, no damping
+  (pseudo-inverse), exact powers by eigh, statistics in float64.
 - muon: exactly Muon (momentum 0.95 with Nesterov, the quintic Newton–Schulz iteration, Muon's update
-  scale), with a Muon spec (specs/muon.toml, specs/gpt_muon.toml) equal to the reference Muon.
-- shampoo: a running sum (beta2 = 1) of the block statistics of the raw gradient, started from
-  epsilon I (absolute damping 1e-8, Shampoo's epsilon), exact inverse square root by eigh, no momentum.
-  On the spec's structure this is one-sided Shampoo (AdaGrad's full-matrix form per block); two-sided
-  Shampoo L^{-1/4} G R^{-1/4} is `geometric_mean_with=` a second spec (docs/theory.md).
+  scale); with a Muon spec (specs/muon.toml, specs/gpt_muon.toml) equal to the reference Muon.
+- shampoo: a running sum (beta2 = 1) of the block statistics of the raw gradient, started from epsilon I
+  (absolute damping 1e-8, Shampoo's epsilon), exact inverse square root by eigh, no momentum: one-sided
+  Shampoo on the spec's blocks (two-sided: `geometric_mean_with=` a second spec).
+- eigen_adam: Adam in each block's curvature eigenbasis with SOAP's settings (betas 0.95, statistic EMA 0.95,
+  eigenbasis refreshed every 10 steps, statistics in float32 as SOAP keeps them: an eigenbasis needs no
+  float64, and the per-step products cost half).
+- then_orthogonalize: PMuon's rule, polar(S^{-0.3} u) with Muon's momentum and scale, the statistic an EMA
+  (0.95) of the raw gradient's block statistics, refreshed every 10 steps, in float32 (the mild -0.3 power
+  with relative damping 1e-6 needs no float64).
 """
 
 from __future__ import annotations
@@ -37,27 +46,40 @@ def _preset(name: str, lr: float, summary: str, **values: Any) -> Preset:
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    _preset("paper", 0.03, "the published method: averaged S_g^{-1/2} g, no momentum, exact float64 powers",
-            beta1=0.0, nesterov=False, beta2=0.95, source="gradient", damping=0.0, damping_mode="relative",
-            estimator="gradient", power=-0.5, backend="eigh", stats_dtype="float64", update_scale="natural",
+    _preset("published", 0.1, "the published Symo step: momentum 0.9, EMA 0.99 of the debiased momentum's centred "
+            "statistic, S_w from the weights, H_inv = S_w # S_g^{-1} damped 1e-4, float64",
+            preconditioner="published", beta1=0.9, nesterov=False, beta2=0.99, damping=1e-4, damping_scope="all",
+            precondition_frequency=1, stats_dtype="float64", update_scale="natural"),
+    _preset("notebook", 0.03, "the early notebooks' rule: averaged S_g^{-1/2} g of the raw gradient, no momentum, "
+            "exact float64 powers",
+            preconditioner="root", beta1=0.0, nesterov=False, beta2=0.95, statistic="gradient", damping=0.0,
+            damping_mode="relative", power=-0.5, backend="eigh", stats_dtype="float64", update_scale="natural",
             precondition_frequency=1),
     _preset("muon", 0.02, "Muon: momentum 0.95 (Nesterov), quintic Newton-Schulz polar factor, Muon's scale",
-            beta1=0.95, nesterov=True, beta2=0.0, source="momentum", estimator="gradient", power=-0.5,
-            backend="newton_schulz", ns_method="iterate", ns_dtype="float32", update_scale="muon",
-            precondition_frequency=1),
+            preconditioner="polar", beta1=0.95, nesterov=True, statistic="momentum", power=-0.5,
+            backend="newton_schulz", ns_method="iterate", ns_dtype="float32", update_scale="muon"),
     _preset("shampoo", 0.05, "one-sided Shampoo per block: running sum from eps I, exact inverse root",
-            beta1=0.0, nesterov=False, beta2=1.0, source="gradient", damping=1e-8, damping_mode="absolute",
-            estimator="gradient", power=-0.5, backend="eigh", stats_dtype="float64", update_scale="natural",
+            preconditioner="root", beta1=0.0, nesterov=False, beta2=1.0, statistic="gradient", damping=1e-8,
+            damping_mode="absolute", power=-0.5, backend="eigh", stats_dtype="float64", update_scale="natural",
             precondition_frequency=1),
+    _preset("eigen_adam", 3e-3, "Adam in each block's curvature eigenbasis (SOAP's settings: betas 0.95, "
+            "eigenbasis every 10 steps)",
+            preconditioner="eigen_adam", beta1=0.95, nesterov=False, beta2=0.95, adam_beta2=0.95, eps=1e-8,
+            statistic="gradient", precondition_frequency=10, stats_dtype="float32", update_scale="natural"),
+    _preset("then_orthogonalize", 0.02, "PMuon: polar(S^-0.3 u), Muon's momentum and scale, EMA 0.95 of the "
+            "gradient's statistic every 10 steps",
+            preconditioner="then_orthogonalize", inner="root", gamma=0.3, beta1=0.95, nesterov=True, beta2=0.95,
+            statistic="gradient", precondition_frequency=10, stats_dtype="float32", update_scale="muon"),
 )}
+ALIASES = {"paper": "published"}
 
 
 def get_preset(name: str) -> Preset:
-    """The preset called `name`; a ValueError listing the presets otherwise."""
-    if not isinstance(name, str) or name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; the presets are {sorted(PRESETS)} "
+    """The preset called `name` (or an alias of it); a ValueError listing the presets otherwise."""
+    if not isinstance(name, str) or (name not in PRESETS and name not in ALIASES):
+        raise ValueError(f"unknown preset {name!r}; the presets are {sorted(PRESETS)} ('paper' is 'published') "
                          "(or pass no preset and set the options yourself)")
-    return PRESETS[name]
+    return PRESETS[ALIASES.get(name, name)]
 
 
-__all__ = ["PRESETS", "Preset", "get_preset"]
+__all__ = ["ALIASES", "PRESETS", "Preset", "get_preset"]

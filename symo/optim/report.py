@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..runtime.compiled import BlockInfo, fit_lines, summarize_names
-from .config import SymoConfig
+from .config import KIND_OPTIONS, SymoConfig
+from .kinds.base import update_scale_factor
 from .matrix_functions import ns_method
 from .plan import BlockPlan
 
@@ -23,13 +24,14 @@ def describe(opt: Symo) -> str:
     stages = opt.plan
     sym = [n for n, k in opt.assignment.items() if k == "symo"]
     adam = [n for n, k in opt.assignment.items() if k == "adamw"]
+    kind_options = " ".join(f"{n}={getattr(cfg.preconditioner, n)!r}" for n in KIND_OPTIONS[cfg.kind]
+                            if n not in ("ns_coeffs", "geometric_mean_with"))
     lines = [f"Symo: {len(sym)} parameters preconditioned by spec {opt.compiled.name!r}"
              + (f" # {stages[1].compiled.name!r}" if len(stages) > 1 else "")
              + f", {len(adam)} to AdamW",
-             f"  beta1={cfg.beta1} nesterov={cfg.nesterov} beta2={cfg.beta2} source={cfg.source} "
-             f"estimator={cfg.estimator} power={cfg.power} damping={cfg.damping} ({cfg.damping_mode}) "
-             f"update_scale={cfg.update_scale} frequency={cfg.precondition_frequency}"
-             + ("" if cfg.muon_path else f" statistics={str(opt.stats_dtype).removeprefix('torch.')}"),
+             f"  preconditioner {cfg.kind!r}: {kind_options}",
+             f"  beta1={cfg.beta1} nesterov={cfg.nesterov} update_scale={cfg.update_scale}"
+             + ("" if not opt.kind.stateful else f" statistics={str(opt.stats_dtype).removeprefix('torch.')}"),
              "  " + preset_line(opt)]
     if opt.distributor is not None:
         d = opt.distributor
@@ -49,12 +51,17 @@ def describe(opt: Symo) -> str:
             c = stage.blocks[b.id]
             tag = f"[{stage.compiled.name}] " if len(stages) > 1 else ""
             backend = c.backend
-            if backend == "newton_schulz" and cfg.muon_path:
-                backend += f" ({ns_method((b.mult, b.width), device, cfg)})"
+            if backend == "newton_schulz" and cfg.kind in ("polar", "then_orthogonalize"):
+                backend += f" ({ns_method((b.mult, b.width), device, cfg.preconditioner)})"
             unit = unit_rms(b, c, cfg, len(stages))
             lines.append(f"  {tag}{b.id} {b.name}: Y {b.batch}x{b.mult}x{b.width}, d={b.dim}"
                          + ("" if unit is None else f", lr_eff={lr * unit:.3g}")
                          + f", backend={backend}; {summarize_names(b.params)}")
+    users = {g.get("user_group", 0) for g in opt.param_groups}
+    if len(opt.param_groups) > len(users):
+        lines.append(f"  param groups: {len(users)} given -> {len(opt.param_groups)} torch groups (each split into "
+                     "its covered 'symo' part and its 'adamw' part; a group's 'user_group' names the one it came "
+                     "from): " + ", ".join(f"{g.get('user_group', 0)}:{g['kind']}" for g in opt.param_groups))
     adamw_lrs = sorted({g["lr"] for g in opt.param_groups if g["kind"] == "adamw"})
     lines.append("  AdamW: " + (summarize_names(adam) + f" at its own rate adamw_lr="
                                 f"{', '.join(f'{x:g}' for x in adamw_lrs)} (not lr)" if adam else "(none)"))
@@ -63,25 +70,36 @@ def describe(opt: Symo) -> str:
 
 def preset_line(opt: Symo) -> str:
     """The preset (or the defaults) and every option that differs from it."""
-    base, now = opt.base_config.flat(), opt.config.flat()
+    now = opt.config.flat()
+    base = opt.base_config
+    if base.kind != opt.config.kind:  # another kind: its options compare with that kind's defaults
+        base = base.replace(preconditioner=opt.config.kind)
+    base = {**base.flat(), "preconditioner": opt.base_config.kind}
     word = "preset" if opt.preset is not None else "default"
-    diff = [f"{name}={now[name]!r} ({word}: {base[name]!r})" for name in now if now[name] != base[name]]
+    diff = [f"{name}={now[name]!r} ({word}: {base.get(name, '-')!r})" for name in now
+            if name not in base or now[name] != base[name]]
     if opt.preset is not None:
         head = f"preset {opt.preset.name!r}: {opt.preset.summary}"
     else:
-        head = "no preset: the SymoConfig defaults (Muon's step at the natural scale; see symo.presets)"
+        head = ("no preset: the SymoConfig defaults (the polar kind: Muon's step at the natural scale, not the "
+                "published method; see symo.PRESETS)")
     return head + ("; differs in " + ", ".join(diff) if diff else "; no option differs")
 
 
 def unit_rms(b: BlockInfo, c: BlockPlan, cfg: SymoConfig, n_stages: int) -> float | None:
     """RMS per entry of the block's update at lr 1 when S is this step's vector alone: S^{-1/2} Y =
     sqrt(d) polar(Y) has squared norm d * rank over mult * width entries (full rank: an upper bound).
-    None where the update is not scale-free (a power other than -1/2, or a geometric mean)."""
+    None where the update is not scale-free (a power other than -1/2, a geometric mean, or a kind whose
+    update is not a power of the statistic)."""
     if cfg.update_scale == "adamw":
         return cfg.adamw_rms
-    if n_stages > 1 or cfg.power != -0.5:
+    if cfg.kind not in ("polar", "root", "then_orthogonalize") or n_stages > 1:
         return None
-    return c.scale * math.sqrt(c.dim * min(b.mult, b.width) / (b.mult * b.width))
+    power = -0.5 if cfg.kind == "then_orthogonalize" else cfg.power
+    if power != -0.5:
+        return None
+    scale = update_scale_factor(c, cfg.update_scale, power, True)
+    return scale * math.sqrt(c.dim * min(b.mult, b.width) / (b.mult * b.width))
 
 
 def memory_report(opt: Symo) -> dict[str, int]:
@@ -90,9 +108,8 @@ def memory_report(opt: Symo) -> dict[str, int]:
     numel = {n: p.numel() for g in opt.param_groups for n, p in zip(g["param_names"], g["params"])}
     shapes = {n: tuple(p.shape) for g in opt.param_groups for n, p in zip(g["param_names"], g["params"])}
     covered = [n for n, k in opt.assignment.items() if k == "symo"]
-    stats = 0
-    if not opt.config.muon_path:  # an EMA and its matrix function per block
-        stats = sum(2 * b.batch * b.mult * b.mult for st in opt.plan for b in st.compiled.blocks)
+    stats = sum(math.prod(shape) for k, st in enumerate(opt.plan) for b in st.compiled.blocks
+                for shape in opt.kind.state_shapes(b, k, len(opt.plan)).values() if shape is not None)
     adamw_part = sum(2 * numel[n] for n, k in opt.assignment.items() if k == "adamw")
     return {
         "symo": sum(numel[n] for n in covered) + stats + adamw_part,

@@ -15,10 +15,11 @@ from .distributed import shard_like
 from .plan import Stage
 
 
-def checkpoint_meta(plan: list[Stage]) -> dict[str, Any]:
-    """What `load_state_dict` checks a checkpoint against: the spec, and each stage's key and sizes."""
+def checkpoint_meta(plan: list[Stage], kind: str) -> dict[str, Any]:
+    """What `load_state_dict` checks a checkpoint against: the spec, each stage's key and sizes, and the
+    preconditioner kind (whose typed block state it holds)."""
     return {"spec": plan[0].compiled.name, "keys": [st.compiled.key for st in plan],
-            "sizes": [dict(st.compiled.sizes) for st in plan]}
+            "sizes": [dict(st.compiled.sizes) for st in plan], "kind": kind}
 
 
 def own_loaded_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
@@ -115,7 +116,7 @@ def block_state(opt: Any, k: int, stage: Stage, bid: str) -> dict[str, Any]:
 
 
 def block_statistics(opt: Any, key: str) -> dict[str, dict[str, Any]]:
-    """{block id: {"step", "ema", "precond"}} of the stage stored under `key`, gathered from the anchor
+    """{block id: the block's state} of the stage stored under `key`, gathered from the anchor
     parameters' state (with several processes: the blocks this rank owns)."""
     return {b: st for v in opt.state.values() if isinstance(v, dict) and isinstance(v.get(key), dict)
             for b, st in v[key].items()}

@@ -3,7 +3,9 @@
 Conventions of docs/theory.md: damping is relative, x -> x + damping * lambda_max per block; eigenvalues
 that are zero to working precision map to zero (pseudo-inverse semantics), so a rank-deficient
 single-gradient S still has a well-defined S^{-1/2} on its support. `absolute=True` selects
-Shampoo's convention instead, x -> x + damping on every eigenvalue (no thresholding when damping > 0).
+Shampoo's convention instead, x -> x + damping on every kept eigenvalue: zeros to working precision still
+map to zero, since a gradient has no component there but rounding noise, which damping^p (1e4 for
+Shampoo's 1e-8 at -1/2) would amplify without bound as the gradient's scale grows.
 """
 
 from __future__ import annotations
@@ -52,13 +54,12 @@ def spectral_fn(evals: torch.Tensor, p: float, damping: float, size: int, dtype:
                 absolute: bool = False) -> torch.Tensor:
     """f(x) = (x + damping * lambda_max)^p on the support, 0 off it.
 
-    `absolute=True`: f(x) = (max(x, 0) + damping)^p everywhere (pseudo-inverse only if damping == 0).
+    `absolute=True`: f(x) = (x + damping)^p on the support, 0 off it.
     """
     tol, lam_max = _zero_tol(evals, size, dtype)
-    if absolute and damping > 0:
-        return (evals.clamp_min(0) + damping).pow(p)
     keep = evals > tol
-    shifted = torch.where(keep, evals + damping * lam_max, torch.ones_like(evals))
+    shift = damping if absolute else damping * lam_max
+    shifted = torch.where(keep, evals + shift, torch.ones_like(evals))
     return torch.where(keep, shifted.pow(p), torch.zeros_like(evals))
 
 
@@ -211,8 +212,7 @@ def lowrank_power_apply(f: torch.Tensor, y: torch.Tensor, p: float, damping: flo
     """(F F^T)^p Y for a root F (..., m, r) with r < m, using only the r x r Gram of F.
 
     With F^T F = W L W^T, (F F^T)^p = F W (g(L) / L) W^T F^T + g(0) (I - projector onto range F),
-    where g is the damped power; g(0) is 0 under pseudo-inverse semantics and damping^p for
-    absolute damping.
+    where g is the damped power and g(0) = 0 (zeros map to zero under both damping conventions).
     """
     evals, evecs = _eigh(f.transpose(-1, -2) @ f, float64_max)
     size = max(f.shape[-2], f.shape[-1])
@@ -222,9 +222,8 @@ def lowrank_power_apply(f: torch.Tensor, y: torch.Tensor, p: float, damping: flo
     safe = torch.where(on, evals, torch.ones_like(evals))
     fw = f @ evecs.to(f.dtype)                                   # columns F w_i, norms sqrt(L_i)
     coef = fw.transpose(-1, -2) @ y                              # (w_i^T F^T) Y
-    g0 = (damping ** p) if (absolute and damping > 0) else 0.0
-    scale = torch.where(on, (g - g0) / safe, torch.zeros_like(g)).to(f.dtype)
-    return fw @ (scale.unsqueeze(-1) * coef) + g0 * y
+    scale = torch.where(on, g / safe, torch.zeros_like(g)).to(f.dtype)
+    return fw @ (scale.unsqueeze(-1) * coef)
 
 
 def inv_sqrt_newton_schulz(a: torch.Tensor, steps: int = 25, damping: float = 0.0, *,
@@ -264,14 +263,9 @@ def ns_inverse_root_min_damping(steps: int, dtype: torch.dtype) -> float:
 def ns_inverse_root_is_accurate(a: torch.Tensor, steps: int, damping: float, absolute: bool) -> bool:
     """Whether `inv_sqrt_newton_schulz(a, steps, damping)` is accurate (see `ns_inverse_root_min_damping`).
 
-    Relative damping is decided from the numbers alone; absolute damping against ||A||_F (one sync)."""
-    floor = ns_inverse_root_min_damping(steps, a.dtype)
-    if not absolute:
-        return damping >= floor
-    if damping <= 0:
-        return False
-    norm = float(a.norm(dim=(-2, -1)).amax())
-    return damping >= floor * norm
+    Relative damping is decided from the numbers alone. Absolute damping never: its zeros map to zero
+    (`spectral_fn`), which the iteration, converging to (A + damping I)^{-1/2}, cannot do."""
+    return not absolute and damping >= ns_inverse_root_min_damping(steps, a.dtype)
 
 
 def geometric_mean(a: torch.Tensor, b: torch.Tensor, float64_max: int = FLOAT64_EIGH_MAX) -> torch.Tensor:

@@ -12,7 +12,8 @@ from .compiled import CompiledSpec
 
 @dataclass(frozen=True)
 class SymmetryReport:
-    """`max_rel_change` = max over trials of |L(A_g w) - L(w)| / max(|L(w)|, tiny)."""
+    """`max_rel_change` = max over trials of |L(A_g w) - L(w)| / max(|L(w)|, tiny); `is_true_symmetry` is
+    the verdict (`max_rel_change <= tolerance`), and `str(report)` says it in one line."""
 
     trials: int
     max_rel_change: float
@@ -20,7 +21,13 @@ class SymmetryReport:
 
     @property
     def is_true_symmetry(self) -> bool:
+        """The verdict: the loss changed by at most `tolerance` (relative) under every trial element."""
         return self.max_rel_change <= self.tolerance
+
+    def __str__(self) -> str:
+        verdict = "true symmetry" if self.is_true_symmetry else "not a true symmetry (relaxed)"
+        return (f"{verdict}: the loss changed by at most {self.max_rel_change:.1e} (relative) over {self.trials} "
+                f"random group element{'s' if self.trials != 1 else ''} (tolerance {self.tolerance:.1e})")
 
 
 def check_symmetry(loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], compiled: CompiledSpec,

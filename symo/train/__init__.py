@@ -1,5 +1,6 @@
 """Room 4, the training application: `symo train`'s loop (loop.py), its options (config.py), data,
-checkpoints, run log, progress bars, the models the bundled specs describe, and the Muon baseline.
+checkpoints, the run folder's lock (rundir.py), the memory check of a step (memory.py), run log, progress
+bars, the models the bundled specs describe, and the Muon baseline.
 
     from symo.train import TrainConfig, train
     result = train(TrainConfig(steps=200))         # prints nothing; observer= sees the progress (events.py)

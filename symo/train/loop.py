@@ -16,6 +16,7 @@ show the progress and to stop on Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -34,9 +35,11 @@ from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
 from .data import Corpus, _mix, load_corpus
 from .events import RunStart, StepReport, TrainInterrupted, TrainObserver
+from .memory import check_step_fits
 from .models import GPT, GPTConfig
 from .muon import Muon
 from .parallel import distributed_mode, gather_states, load_states, shard, sharded, wrap
+from .rundir import claim_run_folder
 from .runlog import write_csv, write_plot
 
 __all__ = ["DEFAULT_LR", "OPTIMIZERS", "RESUME_KEYS", "TrainConfig", "build_optimizer", "lr_factor", "saved_options",
@@ -146,21 +149,23 @@ def train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | 
     `cfg.optimizer` then only names the run."""
     previous = torch.get_num_threads()
     try:
-        return _train(cfg, callback, observer or TrainObserver(), optimizer_factory)
+        with contextlib.ExitStack() as held:  # the run folder's lock, for the life of the run
+            return _train(cfg, callback, observer or TrainObserver(), held, optimizer_factory)
     finally:
         if cfg.threads:
             torch.set_num_threads(previous)
 
 
 def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] | None,
-           observer: TrainObserver,
+           observer: TrainObserver, held: contextlib.ExitStack,
            optimizer_factory: Callable[[GPT], torch.optim.Optimizer] | None = None) -> dict[str, Any]:
     """Train; returns {"run_dir", "history", "final_val", "ms_per_step", "sample", ...}.
 
     `callback(step, row)` runs after every step on every process (tests raise KeyboardInterrupt from it to
     stand for Ctrl-C). `observer` sees the run (events.py). On a KeyboardInterrupt, or when the observer
     asks to stop, a checkpoint of the last whole step is written and `TrainInterrupted` (a
-    KeyboardInterrupt) raised.
+    KeyboardInterrupt) raised. The run folder is claimed (rundir.py) until `held` closes; a step that cannot
+    fit in memory is refused before anything is built (memory.py).
     """
     _check_device(cfg.device)
     if cfg.threads:
@@ -175,7 +180,9 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
         device = f"cuda:{rank % torch.cuda.device_count()}"
         torch.cuda.set_device(device)
     corpus = load_corpus(cfg.data, cfg.cache_dir)
+    check_step_fits(cfg, corpus.vocab_size, device, world)
     run_dir = _run_dir(cfg, corpus.name, world)
+    held.callback(claim_run_folder(run_dir, rank, world).release)
     ckpt_path = run_dir / "ckpt.pt"
     settings = _settings(cfg, corpus)
     blob = None

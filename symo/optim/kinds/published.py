@@ -1,0 +1,179 @@
+"""published: the orbit-averaged Taylor step as the method was published (the estimator of its Eq. 10, with
+momentum). Per step, with m the momentum (m <- beta1 m + (1 - beta1) g) and t the step:
+
+    m_hat = m / (1 - beta1_t),   beta1_t = max(beta1^t, 1e-4)            (the debiased momentum)
+    S_g  <- beta2 S_g + (1 - beta2) R2(m_hat - R1(m_hat)),  S_g_hat = S_g / (1 - max(beta2^t, 1e-4))
+    S_w   = R2(w - R1(w))                                                  (the current weights, not averaged)
+    H_inv = P(S_w, 1/2) P(P(S_w, 1/2) S_g_hat P(S_w, 1/2), -1/2) P(S_w, 1/2)
+    w    <- w - lr H_inv m                                                 (the momentum as it is, not debiased)
+
+P(X, p) = U diag((d s_max + s)^p) U^T for X = U diag(+-s) U^T: every power damped by d times its own
+matrix's largest |eigenvalue|, a zero raised to a negative power is 0, eigendecompositions in float64.
+H_inv is the inverse of H = S_w^{-1} # S_g, written so that S_w is never inverted: where the weights are
+rank-deficient the step is damped, not blown up.
+
+Where Symo's blocks differ from the method's dense matrices (docs/theory.md says more):
+- `damping_scope="all"` (the published step): s_max is the largest |eigenvalue| of the whole matrix, over
+  every block. Directions no block statistic reaches (parameters the group leaves fixed, where
+  delta = x - R1(x) = 0, and the null space of S_w) then get H_inv = d s_w_max / sqrt(d s_inner_max) I: a
+  plain momentum step about sqrt(d) times the others' scale. `damping_scope="block"`: s_max per block (each
+  layer damped on its own scale), and the blocks the group leaves fixed use the uncentred statistics
+  (delta = m_hat and w) instead, since their centred ones vanish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from ...runtime.compiled import BlockInfo
+from ..checks import raise_first
+from .base import (
+    BlockStep,
+    Kind,
+    RefreshOnChange,
+    StatisticOptions,
+    StepContext,
+    batched,
+    finish,
+    refresh_due,
+    statistic_shape,
+)
+
+PORT_BETA_FLOOR = 1e-4  # the debiasing counters stop decaying here, so 1 - beta^t never reaches 1 exactly
+
+
+@dataclass
+class PublishedConfig(StatisticOptions):
+    """The published step's options (its momentum is the optimizer's beta1: 0.9 in the published preset)."""
+
+    kind: ClassVar[str] = "published"
+    beta2: float = 0.99
+    """EMA of the centred curvature statistic S_g (debiased)."""
+    damping: float = 1e-4
+    """d: each of the three powers is damped by d times its matrix's largest |eigenvalue|."""
+    damping_scope: Literal["all", "block"] = "all"
+    """all: s_max over the whole matrix (every block), as published; block: per block (see the module)."""
+    precondition_frequency: int = 1
+    """Recompute H_inv every this many steps (the statistics update every step); 1 is the published step."""
+    max_precond_dim: int = 2048
+    """A block whose multiplicity exceeds this keeps only the diagonals of S_g and S_w (H_inv elementwise)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        raise_first([
+            (self.statistic == "momentum", "the published step builds its statistic from the debiased momentum; "
+                                           "statistic='gradient' is not an option of it"),
+            (0.0 <= self.beta2 < 1.0, f"beta2 must be in [0, 1), got {self.beta2}"),
+            (self.damping > 0.0, f"damping must be > 0 (the published step damps every power), got {self.damping}"),
+            (self.damping_scope in ("all", "block"), "damping_scope must be 'all' or 'block'"),
+            (self.precondition_frequency >= 1,
+             f"precondition_frequency must be >= 1, got {self.precondition_frequency}"),
+        ])
+
+
+def debias(beta: float, t: int) -> float:
+    """1 - beta_t with beta_t = max(beta^t, 1e-4): the published step's bias correction."""
+    return 1.0 - max(beta ** t, PORT_BETA_FLOOR)
+
+
+def damped_power(evals: torch.Tensor, evecs: torch.Tensor | None, p: float, damping: float, s_max: torch.Tensor
+                 ) -> torch.Tensor:
+    """U diag((damping s_max + |lambda|)^p) U^T, with a zero to a negative power taken as 0; for a diagonal
+    statistic (evecs None, evals (batch, mult, 1)) the diagonal of that."""
+    s = evals.abs() + damping * s_max
+    f = s.pow(p) if p >= 0 else torch.where(s > 0, s.pow(p), torch.zeros_like(s))
+    return f if evecs is None else (evecs * f.unsqueeze(-2)) @ evecs.transpose(-1, -2)
+
+
+def eigen(mats: list[torch.Tensor], diagonal: list[bool]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """eigh of each symmetric matrix (same-size ones batched); a diagonal one (batch, mult, 1) is its own."""
+    full = batched(torch.linalg.eigh, [m for m, diag in zip(mats, diagonal) if not diag])
+    it = iter(full)
+    return [(m, None) if diag else next(it) for m, diag in zip(mats, diagonal)]
+
+
+class Published(Kind):
+    name = "published"
+    needs_weights = True
+    update_scales = ("natural", "adamw")
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.changes = RefreshOnChange()
+
+    def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:
+        m = statistic_shape(block, self.options.max_precond_dim)
+        return {"step": None, "ema": m, "precond": m}
+
+    def check(self, n_stages: int) -> None:
+        if n_stages > 1:
+            raise ValueError("the published step has no geometric mean: geometric_mean_with is not an option of it")
+
+    def centred(self, b: BlockStep, coords: torch.Tensor) -> torch.Tensor:
+        """delta = x - R1(x) in block coordinates: R1 is the identity on the trivial block and zero elsewhere."""
+        if b.plan.trivial and self.options.damping_scope == "all":
+            return torch.zeros_like(coords)
+        return coords  # block scope: the fixed blocks keep their uncentred statistics
+
+    def update(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
+        o = self.options
+        self.changes.check(stage, (o.damping, o.damping_scope))
+        for b in blocks:
+            st = b.state
+            st["step"] = t = st.get("step", 0) + 1
+            delta = self.centred(b, b.coords["u"].to(ctx.stats_dtype) / debias(ctx.beta1, t))
+            stat = self.second_moment(b, delta)
+            ema = st.get("ema", torch.zeros_like(stat))
+            st["ema"] = ema.mul(o.beta2).add(stat, alpha=1 - o.beta2)
+
+    def second_moment(self, b: BlockStep, x: torch.Tensor) -> torch.Tensor:
+        """X X^T / d, or its diagonal above the size cap."""
+        if b.plan.mult > self.options.max_precond_dim:
+            return (x * x).sum(dim=-1, keepdim=True) / b.plan.dim
+        return x @ x.transpose(-1, -2) / b.plan.dim
+
+    def due(self, stage: int, block: BlockStep) -> bool:
+        return self.changes.due(stage) or refresh_due(block.state, self.options.precondition_frequency, "precond")
+
+    def refresh(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
+        o = self.options
+        d, scope = o.damping, o.damping_scope
+        diagonal = [b.plan.mult > o.max_precond_dim for b in blocks]
+        sws = [self.second_moment(b, self.centred(b, b.weight().to(ctx.stats_dtype))).to(torch.float64)
+               for b in blocks]
+        # a diagonal statistic is its own eigendecomposition: eigenvalues the entries, eigenvectors the identity
+        w_eigs = eigen(sws, diagonal)
+        w_max = self._s_max([e for e, _ in w_eigs], scope)
+        halves = [damped_power(e, u, 0.5, d, s) for (e, u), s in zip(w_eigs, w_max)]
+        sgs = [b.state["ema"].to(torch.float64) / debias(o.beta2, b.state["step"]) for b in blocks]
+        inners = [h * sg * h if diag else h @ sg @ h for h, sg, diag in zip(halves, sgs, diagonal)]
+        i_eigs = eigen(inners, diagonal)
+        i_max = self._s_max([e for e, _ in i_eigs], scope)
+        for b, h, (e, u), s, diag in zip(blocks, halves, i_eigs, i_max, diagonal):
+            inner = damped_power(e, u, -0.5, d, s)
+            b.state["precond"] = (h * inner * h if diag else h @ inner @ h).to(ctx.stats_dtype)
+        self.changes.refreshed(stage)
+
+    @staticmethod
+    def _s_max(evals: list[torch.Tensor], scope: str) -> list[torch.Tensor]:
+        """Each block's damping reference: its own largest |eigenvalue| per batch element, or the largest
+        over every block (the whole matrix) for scope "all"."""
+        own = [e.abs().flatten(1).amax(dim=-1).reshape(-1, *([1] * (e.dim() - 1))) for e in evals]
+        if scope == "block" or not own:
+            return own
+        top = torch.stack([x.amax() for x in own]).amax()
+        return [torch.full_like(x, float(top)) for x in own]
+
+    def apply(self, stage: int, direction: str, blocks: list[BlockStep], ctx: StepContext
+              ) -> list[dict[str, torch.Tensor]]:
+        cfg = self.config
+        out = []
+        for b in blocks:
+            y, precond = b.coords["u"], b.state["precond"]
+            diagonal = b.plan.mult > self.options.max_precond_dim
+            z = ((precond * y.to(precond.dtype)) if diagonal else (precond @ y.to(precond.dtype))).to(y.dtype)
+            out.append({"u": finish(z, b.plan, cfg.update_scale, cfg.adamw_rms, 1.0)})
+        return out
