@@ -70,8 +70,13 @@ class CompiledSpec:
             for b in ns["BLOCKS"]]
         self.block_ids = [b.id for b in self.blocks]
         self.couplings: list[tuple[list[str], list[str]]] = bound.couplings()
-        self._block_params = {p.name: [{"slices": b.slices, "atoms": [(a.space, a.size) for a in b.atoms]}
+        self._block_params = {p.name: [{"slices": b.slices, "atoms": [(a.space, a.size) for a in b.atoms],
+                                        "axes": [[(a.space, a.size) for a in axis] for axis in b.axes]}
                                        for b in p.blocks] for p in bound.params}
+        # space -> the covered parameters it acts on (an axis of one of their blocks), in the model's order
+        self.space_params: dict[str, list[str]] = {
+            s: [n for n, bs in self._block_params.items() if any(sp == s for b in bs for sp, _ in b["atoms"])]
+            for s in self.spaces}
         self._gather = ns["gather"]
         self._scatter = ns["scatter"]
         self._trivial = [b.id for b in self.blocks if b.name == "trivial"]
@@ -140,11 +145,13 @@ class CompiledSpec:
                                   for _ in range(copies)])
         return out
 
-    def act(self, element: Mapping[str, torch.Tensor], tensors: Tensors) -> dict[str, torch.Tensor]:
-        """A_g w: transform every covered parameter by the group element (uncovered ones pass through)."""
+    def act(self, element: Mapping[str, torch.Tensor], tensors: Tensors,
+            names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """A_g w: transform every covered parameter by the group element (uncovered ones pass through).
+        `names`: transform only these covered parameters (`tensors` needs only them)."""
         out = dict(tensors)
-        for name, blocks in self._block_params.items():
-            t = tensors[name]
+        for name in self._block_params if names is None else names:
+            blocks, t = self._block_params[name], tensors[name]
             new = t.clone()
             for b in blocks:
                 view = t
@@ -168,6 +175,11 @@ class CompiledSpec:
                 target.copy_(x.reshape(target.shape))
             out[name] = new
         return out
+
+    def param_blocks(self, name: str) -> list[dict]:
+        """The blocks of covered parameter `name`: per block, `slices` ((start, length) on each tensor axis)
+        and `axes` (for each tensor axis, the atoms (space or None, size) it splits into, row-major)."""
+        return [{"slices": b["slices"], "axes": b["axes"]} for b in self._block_params[name]]
 
     # ------------------------------------------------------------ reports
     def memory(self) -> dict[str, int]:
