@@ -106,8 +106,7 @@ def align(reference: nn.Module | Mapping[str, torch.Tensor], other: nn.Module | 
                                   sum(after[n] for n in params) / scale, match.last_changed.get(s, 0)))
     seconds["total"] = time.perf_counter() - t0
     return AlignResult(model, readable_elements(compiled, match.elements), match.elements, compiled, method, spaces,
-                       match.objective_before, match.objective_after, match.sweeps, match.restart, seconds, relaxed,
-                       notes)
+                       sum(before.values()), sum(after.values()), match.sweeps, match.start, seconds, relaxed, notes)
 
 
 def _tensors(x: Any, label: str) -> dict[str, torch.Tensor]:
@@ -143,8 +142,12 @@ def _compiled(spec: Any, reference: Any, ref_t: Mapping[str, torch.Tensor], size
         if not isinstance(reference, nn.Module):
             raise AlignError("spec=None infers the spec from the model, which needs nn.Modules; with state dicts pass "
                              "spec= (a path, a bundled name or a Spec)")
-        result = infer(reference, example_inputs)
-        return compile(result.spec, shapes, sizes=sizes), True
+        result = infer(_batch_statistics(reference), example_inputs)
+        compiled = compile(result.spec, shapes, sizes=sizes)
+        if not compiled.param_names:
+            raise AlignError("the inferred spec moves no parameter of the model (symo infer finds no symmetry "
+                             "group): there is nothing to align; see `symo infer --model ...` for why")
+        return compiled, True
     if isinstance(spec, CompiledSpec):
         return compile_for(spec, shapes, None), False
     spec = load_spec(spec) if not isinstance(spec, Spec) else spec
@@ -167,11 +170,20 @@ def _relaxed(spec: Any, reference: nn.Module, sizes: dict[str, int] | None, exam
         notes.append("symmetry not checked (a CompiledSpec was given): run `symo check` on its spec file")
         return []
     try:
-        rows = check_spec(spec, reference, example_inputs, sizes=sizes)
+        rows = check_spec(spec, _batch_statistics(reference), example_inputs, sizes=sizes)
     except Exception as exc:  # the user's model could not run on guessed inputs: say so, the alignment stands
         notes.append(f"symmetry not checked ({type(exc).__name__}: {str(exc)[:200]}); pass example_inputs=")
         return []
     return [r.space for r in rows if r.status == "relaxed"]
+
+
+def _batch_statistics(model: nn.Module) -> nn.Module:
+    """A model with BatchNorm layers as a train-mode copy: in eval mode they read running statistics,
+    buffers a spec cannot move, so inference and the check would drop every channel space; `align`
+    moves those buffers with the channels."""
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return model
+    return copy.deepcopy(model).train()
 
 
 def _moved(compiled: CompiledSpec, element: dict[str, torch.Tensor], other: Any, other_t: Mapping[str, torch.Tensor],

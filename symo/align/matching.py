@@ -15,8 +15,12 @@ A space that occurs twice in one block (tier 2: an RNN's W_hh moves as Q W Q^T) 
 quadratic in Q. Its steps: the linearisation at the current Q (both occurrences' terms, each with the
 other occurrence fixed), the terms where it occurs once, and damped linearisations; the best that
 improves the true objective is kept, iterated until none does. Sweeps over all spaces stop when no
-element moves by more than `tol`, when a sweep gains nothing, or after `max_sweeps`. Random restarts
-start from random group elements and visit the spaces in a random order per sweep; the best run is kept.
+element moves by more than `tol`, when a sweep gains nothing, or after `max_sweeps`.
+
+Starts: the identity; a "solo" start where some spaces have parameters no other space moves (embeddings,
+norms, biases of a residual stream: each such space solved on those first, so that a wrong residual
+permutation found against unsolved layers is not locked in); and `restarts` random group elements,
+visiting the spaces in a random order per sweep. The run with the largest objective is kept.
 """
 
 from __future__ import annotations
@@ -83,14 +87,14 @@ def inner_products(compiled: CompiledSpec, element: Tensors, ref: Tensors, other
 @dataclass
 class Matching:
     """What weight matching found: `elements` {space: (copies, n, n)} in the working dtype, the objective
-    at the identity and at the end, the sweeps of the winning run and, per space, the last sweep that
-    changed its element (0: never changed)."""
+    at the identity and at the end, the sweeps of the winning run and where it started ("identity",
+    "solo", "random k") and, per space, the last sweep that changed its element (0: never changed)."""
 
     elements: dict[str, torch.Tensor]
     objective_before: float
     objective_after: float
     sweeps: int
-    restart: int
+    start: str
     history: list[float] = field(default_factory=list)
     last_changed: dict[str, int] = field(default_factory=dict)
 
@@ -117,23 +121,54 @@ def weight_matching(compiled: CompiledSpec, ref: Tensors, other: Tensors, *, fix
     start_total = sum(inner_products(compiled, base, ref, other).values())
     gen = torch.Generator().manual_seed(seed)
     best: Matching | None = None
+    starts = ["identity"] + (["solo"] if any(_solo(compiled, s) for s in solve) else [])
+    starts += [f"random {k + 1}" for k in range(restarts)]
     bar = tqdm(total=None, desc="align", unit="space", disable=not progress, leave=False)
     try:
-        for run in range(restarts + 1):
+        for start in starts:
             element = dict(base)
-            if run > 0:
+            if start == "solo":
+                element.update(_solo_start(compiled, element, solve, ref, other))
+            elif start != "identity":
                 rnd = compiled.random_element(gen, dtype=dtype)
                 element.update({s: rnd[s] for s in solve})
-            total = sum(inner_products(compiled, element, ref, other).values()) if run > 0 else start_total
+            total = sum(inner_products(compiled, element, ref, other).values()) if start != "identity" \
+                else start_total
             result = _descend(compiled, element, ref, other, solve, tier2, total, max_sweeps, tol,
-                              gen if run > 0 else None, bar)
-            result.objective_before, result.restart = start_total, run
+                              gen if start.startswith("random") else None, bar)
+            result.objective_before, result.start = start_total, start
             if best is None or result.objective_after > best.objective_after:
                 best = result
     finally:
         bar.close()
     assert best is not None
     return best
+
+
+def _solo(compiled: CompiledSpec, s: str) -> list[str]:
+    """The parameters on which `s` is the only moving space, occurring once: their part of the objective
+    does not depend on any other space's element."""
+    out = []
+    for n in compiled.space_params[s]:
+        atoms = [sp for b in compiled.param_blocks(n) for axis in b["axes"] for sp, _ in axis
+                 if sp is not None and compiled.spaces[sp]["group"] != "identity"]
+        if all(sp == s for sp in atoms) and all(
+                [sp for axis in b["axes"] for sp, _ in axis].count(s) <= 1 for b in compiled.param_blocks(n)):
+            out.append(n)
+    return out
+
+
+def _solo_start(compiled: CompiledSpec, element: dict[str, torch.Tensor], solve: list[str], ref: Tensors,
+                other: Tensors) -> dict[str, torch.Tensor]:
+    """A start from the evidence that needs no other element: each space solved on its `_solo` parameters
+    (a residual stream's embeddings, norms and biases), the rest at the identity. Coordinate descent from
+    the identity can lock in a wrong residual permutation that every layer then follows."""
+    out = {}
+    for s in solve:
+        names = _solo(compiled, s)
+        if names:
+            out[s] = _solve(compiled.spaces[s]["group"], _gradient(compiled, element, s, ref, other, names))
+    return out
 
 
 def _descend(compiled: CompiledSpec, element: dict[str, torch.Tensor], ref: Tensors, other: Tensors,
@@ -161,7 +196,7 @@ def _descend(compiled: CompiledSpec, element: dict[str, torch.Tensor], ref: Tens
             break
     # the running total adds up exact local gains; measure the end once (rounding, tier-2 steps)
     final = sum(inner_products(compiled, element, ref, other).values())
-    return Matching(element, history[0], final, sweeps, 0, history, last_changed)
+    return Matching(element, history[0], final, sweeps, "identity", history, last_changed)
 
 
 def _gradient(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, ref: Tensors,

@@ -53,7 +53,7 @@ class AlignResult:
     objective_before: float
     objective_after: float
     sweeps: int
-    restart: int
+    start: str
     seconds: dict[str, float]
     relaxed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -64,7 +64,7 @@ class AlignResult:
         width = max([len(s.name) for s in self.spaces] + [5])
         lines = [f"align ({self.method}), spec {self.compiled.name!r}: {len(self.spaces)} spaces matched, "
                  f"{self.sweeps} sweep{'s' if self.sweeps != 1 else ''}"
-                 + (f" (best of restarts: {self.restart})" if self.restart else ""),
+                 + (f", best run started from {self.start}" if self.start != "identity" else ""),
                  f"  {'space':<{width}}  {'group':<28} {'n':>6} {'method':<11} {'before':>8} {'after':>8}  "
                  "last changed"]
         for s in self.spaces:
