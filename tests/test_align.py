@@ -430,3 +430,19 @@ def test_facade_names() -> None:
         warnings.simplefilter("error")
         from symo.align import matching  # noqa: F401  (importing the package keeps symo.align the function)
     assert symo.align is align
+
+
+def test_the_per_block_contraction_is_the_gradient_of_the_group_action() -> None:
+    """C for one space, as a contraction per block, against autograd through CompiledSpec.act."""
+    from symo.align.matching import _autograd_gradient, _contraction
+
+    model = _seeded(lambda: GPT(TINY_GPT), 0)
+    compiled = symo.compile(symo.infer_spec(model), model)
+    ref = {n: p.detach() for n, p in model.named_parameters()}
+    other = {n: v + torch.randn_like(v) for n, v in ref.items()}
+    element = compiled.random_element(torch.Generator().manual_seed(0), dtype=torch.float64)
+    for s, info in compiled.spaces.items():
+        if info["group"] != "identity":
+            names = compiled.space_params[s]
+            assert torch.allclose(_contraction(compiled, element, s, ref, other, names),
+                                  _autograd_gradient(compiled, element, s, ref, other, names), atol=1e-12), s

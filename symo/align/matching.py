@@ -201,7 +201,55 @@ def _descend(compiled: CompiledSpec, element: dict[str, torch.Tensor], ref: Tens
 
 def _gradient(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, ref: Tensors,
               other: Tensors, names: list[str]) -> torch.Tensor:
-    """C = d/dQ_s sum_p <ref_p, (A_g other)_p> over the parameters `names` (the other spaces fixed)."""
+    """C = d/dQ_s sum_p <ref_p, (A_g other)_p> over the parameters `names` (the other spaces fixed).
+
+    Where s occurs once in every block the objective is <Q_s, C> with C = sum over blocks of
+    R_(k) Y_(k)^T (R: ref's block, Y: other's block moved by every other space, k: s's atom), one
+    contraction per block; otherwise (tier 2) autograd through `CompiledSpec.act`."""
+    if s not in _repeated_in(compiled, names):
+        return _contraction(compiled, element, s, ref, other, names)
+    return _autograd_gradient(compiled, element, s, ref, other, names)
+
+
+def _repeated_in(compiled: CompiledSpec, names: list[str]) -> set[str]:
+    out = set()
+    for n in names:
+        for block in compiled.param_blocks(n):
+            atoms = [sp for axis in block["axes"] for sp, _ in axis if sp is not None]
+            out.update(sp for sp in atoms if atoms.count(sp) > 1)
+    return out
+
+
+def _contraction(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, ref: Tensors, other: Tensors,
+                 names: list[str]) -> torch.Tensor:
+    q = element[s]
+    moved = compiled.act({**element, s: torch.eye(q.shape[-1], dtype=q.dtype).expand_as(q)}, other, names)
+    c = torch.zeros_like(q)
+    owner = compiled.spaces[s]["per"]
+    for n in names:
+        for block in compiled.param_blocks(n):
+            atoms = [sp for axis in block["axes"] for sp, _ in axis]
+            if s not in atoms:
+                continue
+            sizes = [size for axis in block["axes"] for _, size in axis]
+            r, y = ref[n], moved[n]
+            for axis, (start, length) in enumerate(block["slices"]):
+                r, y = r.narrow(axis, start, length), y.narrow(axis, start, length)
+            r, y = r.reshape(sizes), y.reshape(sizes)
+            k = atoms.index(s)
+            if owner is None:
+                rest = [a for a in range(len(sizes)) if a != k]
+                c[0] += torch.tensordot(r, y, dims=(rest, rest))
+            else:  # one (n, n) block per index of the owner atom j
+                j = atoms.index(owner)
+                r = torch.movedim(r, (j, k), (0, 1)).reshape(sizes[j], sizes[k], -1)
+                y = torch.movedim(y, (j, k), (0, 1)).reshape(sizes[j], sizes[k], -1)
+                c += torch.bmm(r, y.transpose(1, 2))
+    return c
+
+
+def _autograd_gradient(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, ref: Tensors,
+                       other: Tensors, names: list[str]) -> torch.Tensor:
     q = element[s].detach().clone().requires_grad_(True)
     with torch.enable_grad():
         moved = compiled.act({**element, s: q}, other, names)
