@@ -10,7 +10,10 @@ straight path between them, naive against aligned (symo.align), and the time to 
 3. `gpt`: two `symo train` GPTs (4 x 128, 4 heads; seeds 0 and 1; Shakespeare): naive, heads and MLP
    units (specs/gpt_true.toml: per-head O(d_head) Procrustes, MLP permutations), + the residual stream
    (the inferred spec: a residual permutation), activation matching; validation loss of the midpoint
-   against both parents.
+   against both parents. `gpt_adamw`: the same with two AdamW runs, to tell the optimizer's part apart.
+   Diagnostics per case: each space's weight cosine before and after, how far training moved the weights
+   from their init, the mean activation correlation of the units weight and activation matching pair,
+   and (GPT) what a head permutation, which no spec can declare, would add.
 4. `gpt2_speed`: align time at GPT-2 small widths (d_model 768, 12 heads, vocabulary 50304; random
    weights) against the number of layers, hence of spaces.
 
@@ -46,6 +49,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = RESULTS / "align_cache"
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 ALPHAS = 11
+CASES = ["mnist_mlp", "fashion_rescnn", "gpt", "gpt_adamw", "gpt2_speed"]
 
 
 # ---------------------------------------------------------------- data and models
@@ -123,6 +127,62 @@ def row(path: BarrierResult, seconds: float | None, acc: bool = True) -> dict:
             "losses": path.values["loss"], "accs": path.values.get("acc")}
 
 
+def drift(model: nn.Module, init: nn.Module) -> float:
+    """|W - W_init| / |W_init| over the weight matrices: how far training moved them from the random init."""
+    pairs = [(p, q) for p, q in zip(model.parameters(), init.parameters()) if p.dim() >= 2]
+    moved = sum(float((p.detach() - q.detach()).double().pow(2).sum()) for p, q in pairs)
+    return (moved / sum(float(q.detach().double().pow(2).sum()) for _, q in pairs)) ** 0.5
+
+
+def head_assignment(a: GPT, b: GPT) -> tuple[int, float]:
+    """With b aligned to a: per layer, the Procrustes optimum of every (head of a, head of b) pair, summed
+    over the query/key and value/output gauges; returns how many heads a head permutation would reassign
+    (linear assignment on those optima) and the relative gain of the attention part of the objective.
+    Spec head owners are identity spaces, so `symo.align` keeps heads in place."""
+    from scipy.optimize import linear_sum_assignment  # scipy: a dependency of symo; only this diagnostic
+
+    moved, diagonal, best = 0, 0.0, 0.0
+    c, h = a.config.n_embd, a.config.n_head
+    d = c // h
+    for la, lb in zip(a.transformer.h, b.transformer.h):
+        wa, wb = la.attn.c_attn.weight.detach().double(), lb.attn.c_attn.weight.detach().double()
+        pa, pb = la.attn.c_proj.weight.detach().double(), lb.attn.c_proj.weight.detach().double()
+        m = torch.zeros(h, h, dtype=torch.float64)
+        for i in range(h):
+            for j in range(h):
+                rows_i, rows_j = slice(i * d, (i + 1) * d), slice(j * d, (j + 1) * d)
+                qk = wa[rows_i] @ wb[rows_j].T + wa[c:][rows_i] @ wb[c:][rows_j].T
+                vo = wa[2 * c:][rows_i] @ wb[2 * c:][rows_j].T + pa[:, rows_i].T @ pb[:, rows_j]
+                m[i, j] = torch.linalg.matrix_norm(qk, "nuc") + torch.linalg.matrix_norm(vo, "nuc")
+        rows, cols = linear_sum_assignment(m.numpy(), maximize=True)
+        moved += int((rows != cols).sum())
+        diagonal += float(m.diagonal().sum())
+        best += float(m[rows, cols].sum())
+    return moved, best / diagonal - 1
+
+
+def matched_correlation(a: nn.Module, b: nn.Module, result, data: list, units: dict[str, str]) -> float:
+    """Mean over the perm spaces in `units` (space -> the Linear whose input holds its units) of the correlation
+    between a's unit i and the unit of b that `result` pairs with it, on `data`."""
+    values = []
+    for space, name in units.items():
+        if space not in result.elements:
+            continue
+        feats = []
+        for model in (a, b):
+            got: list[torch.Tensor] = []
+            handle = dict(model.named_modules())[name].register_forward_hook(
+                lambda m, args, out, got=got: got.append(args[0]))
+            with torch.no_grad():
+                for batch in data:
+                    model(batch)
+            handle.remove()
+            z = torch.cat([g.reshape(-1, g.shape[-1]) for g in got]).double()
+            feats.append((z - z.mean(0)) / (z.std(0) + 1e-12))
+        values.append(float((feats[0] * feats[1][:, result.elements[space]]).mean(0).mean()))
+    return sum(values) / len(values)
+
+
 def timed_align(a, b, **kw):
     t0 = time.perf_counter()
     result = symo.align(a, b, **kw)
@@ -144,7 +204,13 @@ def case_mnist(quick: bool) -> tuple[dict, str]:
     out["activations"] = row(barrier(a, act.model, classify, test, ALPHAS), ta)
     out["weights+repair"] = row(barrier(a, w.model, classify, test, ALPHAS, repair_data=fit, repair_mode="repair"), tw)
     note = rebasin_row(a, b, x[:1000], test, out)
-    return out, f"{epochs} epochs of Adam (lr 1e-3, batch 512) per model; spec inferred: {_spaces(w)}. {note}"
+    inits = [_init(make, s) for s in (0, 1)]
+    units = {"fc1": "fc2", "fc2": "fc3", "fc3": "fc4"}
+    corr = {m: matched_correlation(a, b, r, fit, units) for m, r in (("weights", w), ("activations", act))}
+    return out, (f"{epochs} epochs of Adam (lr 1e-3, batch 512) per model; spec inferred: {_spaces(w)}. {note} "
+                 f"Diagnostics: {_cosines(w)}; training moved the weight matrices by {drift(a, inits[0]):.2f} and "
+                 f"{drift(b, inits[1]):.2f} of their init's norm; mean activation correlation of the hidden units "
+                 f"each method pairs: weights {corr['weights']:.2f}, activations {corr['activations']:.2f}")
 
 
 def rebasin_row(a: nn.Module, b: nn.Module, inputs: torch.Tensor, test, out: dict) -> str:
@@ -184,18 +250,24 @@ def case_fashion(quick: bool) -> tuple[dict, str]:
     out["weights+reset"] = row(barrier(a, w.model, classify, test, ALPHAS, repair_data=fit, repair_mode="reset"), tw)
     out["weights+repair"] = row(barrier(a, w.model, classify, test, ALPHAS, repair_data=fit, repair_mode="repair"),
                                 tw)
-    return out, (f"{source}; test loss on the first 5,000 test images, statistics (reset, REPAIR) on 2,000 training "
-                 f"images; ResCNN width 16/32 ({sum(p.numel() for p in a.parameters()):,} parameters), {epochs} "
-                 f"epochs of Adam (lr 2e-3, batch 128) per model; spec inferred: {_spaces(w)}")
+    act, ta = timed_align(a, b, method="activations", data=fit)
+    out["activations+reset"] = row(barrier(a, act.model, classify, test, ALPHAS, repair_data=fit,
+                                           repair_mode="reset"), ta)
+    inits = [_init(ResCNN, s) for s in (0, 1)]
+    return out, (f"{source}; test loss on the first 5,000 test images, statistics (reset, REPAIR) on 2,000 "
+                 f"training images; ResCNN width 16/32 ({sum(p.numel() for p in a.parameters()):,} parameters), "
+                 f"{epochs} epochs of Adam (lr 2e-3, batch 128) per model; spec inferred: {_spaces(w)}. "
+                 f"Diagnostics: {_cosines(w)}; training moved the weights by {drift(a, inits[0]):.2f} and "
+                 f"{drift(b, inits[1]):.2f} of their init's norm")
 
 
-def case_gpt(quick: bool) -> tuple[dict, str]:
+def case_gpt(quick: bool, optimizer: str = "symo") -> tuple[dict, str]:
     steps = 60 if quick else 500
-    models = []
+    models, inits = [], []
     for seed in (0, 1):
-        run = CACHE / f"gpt_{steps}_s{seed}"
+        run = CACHE / (f"gpt_{steps}_s{seed}" if optimizer == "symo" else f"gpt_{optimizer}_{steps}_s{seed}")
         cfg = TrainConfig(steps=steps, seed=seed, out_dir=str(run), threads=1, progress=False, sample_chars=0,
-                          resume=(run / "ckpt.pt").is_file())
+                          optimizer=optimizer, resume=(run / "ckpt.pt").is_file())
         if not (run / "ckpt.pt").is_file() or torch.load(run / "ckpt.pt", weights_only=True)["step"] < steps:
             train(cfg)
         blob = torch.load(run / "ckpt.pt", weights_only=True)
@@ -204,6 +276,8 @@ def case_gpt(quick: bool) -> tuple[dict, str]:
                               n_layer=o["n_layer"], n_head=o["n_head"], n_embd=o["n_embd"], bias=o["bias"]))
         model.load_state_dict(blob["model"])
         models.append(model.eval())
+        torch.manual_seed(seed)  # symo train's init: the seed, then the model
+        inits.append(GPT(model.config))
     a, b = models
     corpus = load_corpus(None)
     val = [corpus.batch("val", k, 16, 64, 0) for k in range(16)]
@@ -221,10 +295,18 @@ def case_gpt(quick: bool) -> tuple[dict, str]:
     out["weights: + residual (inferred)"] = row(barrier(a, full.model, lm, val, ALPHAS), tf)
     act, ta = timed_align(a, b, method="activations", data=fit)
     out["activations (inferred)"] = row(barrier(a, act.model, lm, val, ALPHAS), ta)
-    cos = {s.name: (round(s.before, 3), round(s.after, 3)) for s in full.spaces}
-    return out, (f"two `symo train` runs ({steps} steps, batch 16 x 64, Symo defaults, seeds 0 and 1), "
-                 f"{sum(p.numel() for p in a.parameters()):,} parameters; validation: 16 batches of 16 x 64; "
-                 f"cosine <W_a, g W_b>/(|W_a||W_b|) per space before -> after (inferred spec): {cos}")
+    moved, gain = head_assignment(a, full.model)
+    units = {f"c_fc{i}": f"transformer.h.{i}.mlp.c_proj" for i in range(a.config.n_layer)}
+    corr = {m: matched_correlation(a, b, r, fit, units) for m, r in (("weights", full), ("activations", act))}
+    label = {"symo": "Symo defaults (Muon's step, gpt_muon)", "adamw": "AdamW"}[optimizer]
+    return out, (f"two `symo train` runs ({steps} steps, batch 16 x 64, {label}, seeds 0 and 1), "
+                 f"{sum(p.numel() for p in a.parameters()):,} parameters; validation: 16 batches of 16 x 64. "
+                 f"Diagnostics: {_cosines(full)}; training moved the weight matrices by "
+                 f"{drift(a, inits[0]):.2f} and {drift(b, inits[1]):.2f} of their init's norm; a head permutation "
+                 f"(not in the group: head owners are identity spaces) would reassign {moved} of "
+                 f"{a.config.n_layer * a.config.n_head} heads and raise the attention part of the objective by "
+                 f"{100 * gain:.1f}%; mean activation correlation of the MLP units each method pairs: "
+                 f"weights {corr['weights']:.2f}, activations {corr['activations']:.2f}")
 
 
 def case_speed(quick: bool) -> tuple[dict, str]:
@@ -251,6 +333,17 @@ def case_speed(quick: bool) -> tuple[dict, str]:
                  "(identity and solo)")
 
 
+def _init(make, seed: int) -> nn.Module:
+    torch.manual_seed(seed)  # train_classifier's init: the seed, then the model
+    return make()
+
+
+def _cosines(result) -> str:
+    """Each space's cosine <W_a, g W_b> / (|W_a| |W_b|) over its parameters, at the identity -> after."""
+    return "cosine per space before -> after weight matching: " + ", ".join(
+        f"{s.name} {s.before:.2f} -> {s.after:.2f}" for s in result.spaces)
+
+
 def _spaces(result) -> str:
     groups: dict[str, int] = {}
     for s in result.spaces:
@@ -261,19 +354,32 @@ def _spaces(result) -> str:
 
 # ---------------------------------------------------------------- output
 def write(results: dict, notes: dict, argv: str, seconds: float) -> None:
+    """align.{json,md,png}; cases not run this time keep their previous rows and notes."""
     RESULTS.mkdir(exist_ok=True)
+    old = RESULTS / "align.json"
+    old_notes = CACHE / "notes.json"
+    if old.is_file():
+        results = {**json.loads(old.read_text()), **results}
+    if old_notes.is_file():
+        notes = {**json.loads(old_notes.read_text()), **notes}
+    CACHE.mkdir(parents=True, exist_ok=True)
+    old_notes.write_text(json.dumps(notes))
+    results = {c: results[c] for c in CASES if c in results}
     (RESULTS / "align.json").write_text(json.dumps(results, indent=1))
     lines = ["# Aligning and merging models modulo their symmetry", "", f"Command: `{argv}`", "",
              f"torch {torch.__version__}, {platform.machine()}, one torch thread, shared 2-core machine; "
-             f"{seconds / 60:.1f} min in all (cached models are reused).", "",
+             f"{seconds / 60:.1f} min in all (trained models are cached in benchmarks/results/align_cache and "
+             "reused).", "",
              "Barrier = the largest rise of the loss above the straight line between the end points' losses along "
              "(1 - alpha) A + alpha B (11 points; for accuracy the largest drop below its line). Midpoint = alpha "
              "0.5.", ""]
     titles = {"mnist_mlp": "MNIST MLP (3 x 512 ReLU), test set",
-              "fashion_rescnn": "Residual CNN with BatchNorm, test set", "gpt": "Character GPT 4 x 128, validation",
+              "fashion_rescnn": "Residual CNN with BatchNorm, test set",
+              "gpt": "Character GPT 4 x 128 trained with Symo, validation",
+              "gpt_adamw": "Character GPT 4 x 128 trained with AdamW, validation",
               "gpt2_speed": "Align time at GPT-2 small widths"}
     for case, rows in results.items():
-        lines += [f"## {titles[case]}", "", notes[case], ""]
+        lines += [f"## {titles[case]}", "", notes.get(case, "(notes: see the run that wrote these rows)"), ""]
         if case == "gpt2_speed":
             lines += ["| layers | parameters | spaces | sweeps | align seconds | matching seconds | best start |",
                       "|---|---|---|---|---|---|---|"]
@@ -299,7 +405,7 @@ def plot(results: dict) -> None:
         import matplotlib.pyplot as plt  # (the same optional dependency)
     except ImportError:
         return
-    cases = [c for c in ("mnist_mlp", "fashion_rescnn", "gpt") if c in results]
+    cases = [c for c in ("mnist_mlp", "fashion_rescnn", "gpt", "gpt_adamw") if c in results]
     fig, axes = plt.subplots(1, len(cases) + ("gpt2_speed" in results), figsize=(4.2 * (len(cases) + 1), 3.4))
     axes = np.atleast_1d(axes)
     for ax, case in zip(axes, cases):
@@ -323,18 +429,21 @@ def plot(results: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny training, two speed points")
-    parser.add_argument("--cases", nargs="+", default=["mnist_mlp", "fashion_rescnn", "gpt", "gpt2_speed"])
+    parser.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    runners = {"mnist_mlp": case_mnist, "fashion_rescnn": case_fashion, "gpt": case_gpt, "gpt2_speed": case_speed}
+    runners = {"mnist_mlp": case_mnist, "fashion_rescnn": case_fashion, "gpt": case_gpt,
+               "gpt_adamw": lambda quick: case_gpt(quick, "adamw"), "gpt2_speed": case_speed}
     results, notes = {}, {}
+    command = "python -m benchmarks.align" + (" --quick" if args.quick else "") + (
+        f" --cases {' '.join(args.cases)}" if args.cases != CASES else "")
     for case in args.cases:
         t1 = time.perf_counter()
-        results[case], notes[case] = runners[case](args.quick)
-        print(f"{case}: {time.perf_counter() - t1:.0f} s", flush=True)
-    command = "python -m benchmarks.align" + (" --quick" if args.quick else "") + (
-        f" --cases {' '.join(args.cases)}" if argv and "--cases" in argv else "")
+        results[case], note = runners[case](args.quick)
+        seconds = time.perf_counter() - t1
+        notes[case] = f"Rows written by `{command}` ({seconds:.0f} s). {note}"
+        print(f"{case}: {seconds:.0f} s", flush=True)
     write(results, notes, command, time.perf_counter() - t0)
     print((RESULTS / "align.md").read_text())
     return 0

@@ -107,16 +107,9 @@ def _reset_batchnorm(model: nn.Module, batches: list[Any]) -> None:
             saved[m] = m.momentum
             m.reset_running_stats()
             m.momentum = None
-    modes = {m: m.training for m in model.modules()}
     try:
-        model.train()
-        with torch.no_grad():
-            for batch in batches:
-                args, kwargs = model_inputs(batch)
-                model(*args, **kwargs)
+        _run(model, batches, train=True)
     finally:
-        for m, mode in modes.items():
-            m.training = mode
         for m, momentum in saved.items():
             m.momentum = momentum
 
@@ -158,10 +151,11 @@ def _unit_stats(model: nn.Module, name: str, batches: list[Any]) -> tuple[torch.
     return mean, (s2 / n - mean * mean).clamp_min(0).sqrt()
 
 
-def _run(model: nn.Module, batches: list[Any]) -> None:
+def _run(model: nn.Module, batches: list[Any], train: bool = False) -> None:
+    """Forward passes without gradients, in eval mode (or train mode); every module's mode restored after."""
     modes = {m: m.training for m in model.modules()}
     try:
-        model.eval()
+        model.train(train)
         with torch.no_grad():
             for batch in batches:
                 args, kwargs = model_inputs(batch)

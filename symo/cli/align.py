@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..align import AlignError, AlignWarning, align, interpolate
-from ..train.checkpoint import FORMAT
+from ..train.checkpoint import FORMAT, save_atomic, save_checkpoint
 from ..train.models import GPT, GPTConfig
 from .common import CommandError, _load_factory, _parse_sizes
 
@@ -130,19 +130,9 @@ def _train_model(path: str, blob: dict) -> GPT:
 
 
 def _write(path: Path, state: dict[str, torch.Tensor], blob_b: dict | None, extra: dict[str, Any]) -> None:
-    """Atomically: a temporary file in the same folder, fsynced, renamed over `path`."""
-    payload: Any = state
-    if blob_b is not None:
-        payload = {"format": FORMAT, "model": state, "settings": blob_b.get("settings", {}),
-                   "options": blob_b.get("options", {}), **extra}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """Atomically (a temporary file in the same folder, fsynced, renamed over `path`)."""
+    if blob_b is None:
+        save_atomic(path, state)
+    else:
+        save_checkpoint(path, {"model": state, "settings": blob_b.get("settings", {}),
+                               "options": blob_b.get("options", {}), **extra})
