@@ -383,8 +383,8 @@ def write(results: dict, notes: dict, argv: str, seconds: float) -> None:
         if case == "gpt2_speed":
             lines += ["| layers | parameters | spaces | sweeps | align seconds | matching seconds | best start |",
                       "|---|---|---|---|---|---|---|"]
-            lines += [f"| {k.split()[0]} | {r['params']:,} | {r['spaces']} | {r['sweeps']} | {r['align_seconds']:.1f} | "
-                      f"{r['match_seconds']:.1f} | {r['start']} |" for k, r in rows.items()]
+            lines += [f"| {k.split()[0]} | {r['params']:,} | {r['spaces']} | {r['sweeps']} | "
+                      f"{r['align_seconds']:.1f} | {r['match_seconds']:.1f} | {r['start']} |" for k, r in rows.items()]
         else:
             ends = rows["naive"]["end_losses"]
             lines += [f"End points: loss {ends[0]:.4f} (A), {ends[1]:.4f} (B).", "",

@@ -27,7 +27,6 @@ from .matching import identity_element, inner_products, weight_matching
 from .result import AlignError, AlignResult, AlignWarning, SpaceReport, readable_elements
 
 METHODS = ("weights", "activations")
-_BUFFERS = ("running_mean", "running_var")
 
 
 def align(reference: nn.Module | Mapping[str, torch.Tensor], other: nn.Module | Mapping[str, torch.Tensor],

@@ -2,9 +2,10 @@
 
 Git Re-Basin's weight matching (Ainsworth et al., ICLR 2023), generalised to every group Symo knows:
 coordinate descent over the spaces. With every other space held at its current element, the objective
-is linear in the element Q of one space, <Q, C>, where C is its gradient. C comes from autograd through
-`CompiledSpec.act` on the parameters the space acts on, so the objective is exactly the one the
-compiled group action defines, per-head (`per`) spaces and fused axes included. Then
+is linear in the element Q of one space, <Q, C>, where C is its gradient: per block of the parameters
+the space acts on, the contraction of the reference's block with the other's block moved by every other
+space (`CompiledSpec.act`), so the objective is exactly the one the compiled group action defines,
+per-head (`per`) spaces and fused axes included (a test checks C against autograd through `act`). Then
 
 - `perm`: C's linear assignment (scipy's `linear_sum_assignment`, maximising);
 - `signed_perm`: the assignment of |C|, each match taking the sign of its C_ij;
@@ -65,16 +66,6 @@ def identity_element(compiled: CompiledSpec, dtype: torch.dtype) -> dict[str, to
     return out
 
 
-def repeated_spaces(compiled: CompiledSpec) -> set[str]:
-    """Spaces that occur twice in one block (tier 2): their objective is quadratic in the element."""
-    out = set()
-    for name in compiled.param_names:
-        for block in compiled.param_blocks(name):
-            atoms = [sp for axis in block["axes"] for sp, _ in axis if sp is not None]
-            out.update(sp for sp in atoms if atoms.count(sp) > 1)
-    return out
-
-
 def inner_products(compiled: CompiledSpec, element: Tensors, ref: Tensors, other: Tensors,
                    names: list[str] | None = None) -> dict[str, float]:
     """<W_ref_p, (A_g W_other)_p> per covered parameter p (accumulated in float64)."""
@@ -117,7 +108,7 @@ def weight_matching(compiled: CompiledSpec, ref: Tensors, other: Tensors, *, fix
     base.update({s: q.to(dtype) for s, q in fixed.items()})
     solve = [s for s, info in compiled.spaces.items()
              if info["group"] != "identity" and compiled.space_params[s] and s not in fixed]
-    tier2 = repeated_spaces(compiled)
+    tier2 = repeated_spaces(compiled, compiled.param_names)
     start_total = sum(inner_products(compiled, base, ref, other).values())
     gen = torch.Generator().manual_seed(seed)
     best: Matching | None = None
@@ -206,12 +197,13 @@ def _gradient(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, 
     Where s occurs once in every block the objective is <Q_s, C> with C = sum over blocks of
     R_(k) Y_(k)^T (R: ref's block, Y: other's block moved by every other space, k: s's atom), one
     contraction per block; otherwise (tier 2) autograd through `CompiledSpec.act`."""
-    if s not in _repeated_in(compiled, names):
+    if s not in repeated_spaces(compiled, names):
         return _contraction(compiled, element, s, ref, other, names)
     return _autograd_gradient(compiled, element, s, ref, other, names)
 
 
-def _repeated_in(compiled: CompiledSpec, names: list[str]) -> set[str]:
+def repeated_spaces(compiled: CompiledSpec, names: list[str]) -> set[str]:
+    """Spaces that occur twice in one block of these parameters (tier 2: the objective is quadratic there)."""
     out = set()
     for n in names:
         for block in compiled.param_blocks(n):
@@ -310,9 +302,4 @@ def _solve(group: str, c: torch.Tensor) -> torch.Tensor:
 
 def _twice(compiled: CompiledSpec, s: str) -> set[str]:
     """The parameters with a block in which space `s` occurs twice."""
-    out = set()
-    for n in compiled.space_params[s]:
-        for block in compiled.param_blocks(n):
-            if [sp for axis in block["axes"] for sp, _ in axis].count(s) > 1:
-                out.add(n)
-    return out
+    return {n for n in compiled.space_params[s] if s in repeated_spaces(compiled, [n])}
