@@ -336,7 +336,7 @@ def test_barrier_matches_the_closed_form_path() -> None:
 
     res = barrier(a, b, loss_fn, data, alphas=5)
     for alpha, got in zip(res.alphas, res.values["loss"]):
-        w = (1 - alpha) * a.weight + alpha * b.weight
+        w = ((1 - alpha) * a.weight + alpha * b.weight).detach()
         assert got == pytest.approx(float(((x @ w.T - y) ** 2).mean()), rel=1e-12)
     line = [(1 - al) * res.values["loss"][0] + al * res.values["loss"][-1] for al in res.alphas]
     assert res.barrier("loss") == pytest.approx(max(v - l for v, l in zip(res.values["loss"], line)))
