@@ -33,6 +33,7 @@ _LAZY = {
     "check_symmetry": ".runtime.symmetry", "EquivarianceReport": ".gauge", "check_equivariance": ".gauge",
     "Inference": ".infer", "check_spec": ".infer", "infer_spec": ".infer",
     "Symo": ".optim", "SymoConfig": ".optim", "compile": ".runtime.compiled",
+    "AlignResult": ".align", "interpolate": ".align", "repair": ".align", "barrier": ".align",
 }
 # public submodules by attribute: name -> module (symo.models is the training room's models)
 _SUBMODULES = {"models": ".train.models", "hessian": ".hessian", "laplace": ".laplace", "experiments": ".experiments"}
@@ -42,6 +43,7 @@ __all__ = [
     "EquivarianceReport", "check_equivariance", "experiments",
 ]
 __all__ += ["Inference", "check_spec", "infer", "infer_spec"]
+__all__ += ["AlignResult", "align", "barrier", "interpolate", "repair"]
 
 
 def __getattr__(name: str) -> Any:
@@ -58,7 +60,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES) | {"infer"})
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES) | {"infer", "align"})
 
 
 class _Package(types.ModuleType):
@@ -75,6 +77,17 @@ class _Package(types.ModuleType):
 
     @infer.setter
     def infer(self, value: Any) -> None:
+        pass
+
+    @property
+    def align(self) -> Any:
+        """`symo.align` is the function `symo.align.align` (the package symo.align holds it), as for infer."""
+        from .align import align  # on first use: `import symo` does not import torch
+
+        return align
+
+    @align.setter
+    def align(self, value: Any) -> None:
         pass
 
 
