@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
                  "the float64 iteration (float32 iteration in brackets): "
                  + "; ".join(f"{k} {v['spectral']:.1e} ({v['iterate']:.1e})" for k, v in sp.items()))
     json_path = Path(args.out).with_suffix(".json")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps({"step": step_json, "ns_bf16": ns, "ns_spectral": sp, "device": str(device),
                                      "torch_threads": torch.get_num_threads()}, indent=2) + "\n")
     text = "\n".join(header + rows + [""] + [f"- {n}" for n in notes]) + "\n"
