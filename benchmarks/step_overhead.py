@@ -122,6 +122,16 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
             makers[f"Symo preset=notebook, {label} ({spec}), {stats} statistics"] = (
                 lambda m, spec=spec, stats=stats: Symo(m.named_parameters(), ROOT / "specs" / spec, preset="notebook",
                                                        stats_dtype=stats))
+    # the preconditioner kinds on the true-symmetry spec (per-head O(d_head) gauges, perm MLP units), each with its
+    # factors refreshed every step and every 10 steps, beside the polar kind (Symo's defaults) on the same spec
+    true_sizes = {"dqk{i}": 64, "dvo{i}": 64}  # gpt_bench: 6 heads of 64
+    makers["Symo defaults (gpt_true.toml)"] = lambda m: Symo(m.named_parameters(), "gpt_true", sizes=true_sizes,
+                                                             lr=0.02, update_scale="muon")
+    for kind in ("published", "eigen_adam", "then_orthogonalize"):
+        for freq in (1, 10):
+            makers[f"Symo {kind}, refresh {freq} (gpt_true.toml)"] = (
+                lambda m, kind=kind, freq=freq: Symo(m.named_parameters(), "gpt_true", sizes=true_sizes, preset=kind,
+                                                     precondition_frequency=freq))
     if compile_step:
         makers["Symo Muon-style, torch.compile"] = lambda m: Symo(
             m.named_parameters(), ROOT / "specs" / "gpt_muon.toml", lr=0.02, update_scale="muon", compile=True)
@@ -190,21 +200,24 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             times.append(one_step(model, opt, grads[r % 3], sync))
     for name, (_, _, times) in runs.items():
-        results[name].update(median=statistics.median(times), min=min(times), steps=len(times))
+        # the mean counts the steps that refresh factors every k steps; the median shows the steps between
+        results[name].update(median=statistics.median(times), mean=statistics.mean(times), min=min(times),
+                             steps=len(times))
         print(f"{name}: {results[name]['median'] * 1e3:.1f} ms/step", flush=True)
 
     adam = results["AdamW (torch)"]["median"]
     muon = results["Muon (reference) + AdamW"]["median"]
     adam_bytes = results["AdamW (torch)"]["bytes"]
-    rows = ["| optimizer | median ms/step | min ms | x AdamW | x Muon | state MB | state / AdamW | steps |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| optimizer | median ms/step | mean ms | x AdamW | x Muon | mean x Muon | state MB | state / AdamW | "
+            "steps |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    muon_mean = results["Muon (reference) + AdamW"]["mean"]
     for name, r in results.items():
         if "error" in r:
-            rows.append(f"| {name} | failed: {r['error']} | | | | | | |")
+            rows.append(f"| {name} | failed: {r['error']} | | | | | | | |")
             continue
-        rows.append(f"| {name} | {r['median'] * 1e3:.1f} | {r['min'] * 1e3:.1f} | {r['median'] / adam:.2f} | "
-                    f"{r['median'] / muon:.2f} | {r['bytes'] / 2**20:.1f} | {r['bytes'] / adam_bytes:.2f} | "
-                    f"{r['steps']} |")
+        rows.append(f"| {name} | {r['median'] * 1e3:.1f} | {r['mean'] * 1e3:.1f} | {r['median'] / adam:.2f} | "
+                    f"{r['median'] / muon:.2f} | {r['mean'] / muon_mean:.2f} | {r['bytes'] / 2**20:.1f} | "
+                    f"{r['bytes'] / adam_bytes:.2f} | {r['steps']} |")
     notes = []
     if "Symo Muon-style, torch.compile" in results and "error" not in results["Symo Muon-style, torch.compile"]:
         notes.append(f"torch.compile warm-up (compilation included): "
@@ -246,8 +259,14 @@ def main(argv: list[str] | None = None) -> None:
         f"(Shampoo: {args.shampoo_steps} step(s) after 1).",
         "",
     ]
-    step_json = {name: {"ms": r["median"] * 1e3, "x_muon": r["median"] / muon, "x_adamw": r["median"] / adam,
+    step_json = {name: {"ms": r["median"] * 1e3, "mean_ms": r["mean"] * 1e3, "x_muon": r["median"] / muon,
+                         "mean_x_muon": r["mean"] / muon_mean, "x_adamw": r["median"] / adam,
                          "state_x_adamw": r["bytes"] / adam_bytes} for name, r in results.items() if "median" in r}
+    for kind in ("published", "eigen_adam", "then_orthogonalize"):
+        r10 = results.get(f"Symo {kind}, refresh 10 (gpt_true.toml)", {})
+        if "mean" in r10:
+            notes.append(f"Symo {kind} on gpt_true, refresh 10: {r10['mean'] / muon_mean:.2f}x Muon's mean step "
+                         f"(goal 1.3x), state {r10['bytes'] / adam_bytes:.2f}x AdamW's")
     ns = bf16_accuracy(device)
     notes.append(f"bfloat16 Newton-Schulz (ns_dtype='bfloat16') on a {ns['shape']} Gaussian, 5 quintic steps: "
                  f"relative distance to the float32 iteration {ns['bf16_vs_f32']:.3f}; to the float64 polar "
@@ -258,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
                  "the float64 iteration (float32 iteration in brackets): "
                  + "; ".join(f"{k} {v['spectral']:.1e} ({v['iterate']:.1e})" for k, v in sp.items()))
     json_path = Path(args.out).with_suffix(".json")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps({"step": step_json, "ns_bf16": ns, "ns_spectral": sp, "device": str(device),
                                      "torch_threads": torch.get_num_threads()}, indent=2) + "\n")
     text = "\n".join(header + rows + [""] + [f"- {n}" for n in notes]) + "\n"

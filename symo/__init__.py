@@ -28,6 +28,7 @@ _LAZY = {
     "check_symmetry": ".runtime.symmetry", "EquivarianceReport": ".gauge", "check_equivariance": ".gauge",
     "Inference": ".infer", "check_spec": ".infer", "infer_spec": ".infer",
     "Symo": ".optim", "SymoConfig": ".optim", "compile": ".runtime.compiled",
+    "AlignResult": ".align", "interpolate": ".align", "repair": ".align", "barrier": ".align",
 }
 # public submodules by attribute: name -> module (symo.models is the training room's models; symo.infer,
 # the spec-inference package, and the other packages load through the last branch of __getattr__)
@@ -36,6 +37,7 @@ __all__ = [
     "BlockInfo", "CompiledSpec", "Curvature", "NonFiniteGradientError", "NonFiniteUpdateError", "Spec", "SpecError",
     "PRESETS", "Symo", "SymoConfig", "SymmetryReport", "check_symmetry", "compile", "load_spec", "models", "parse_spec",
     "EquivarianceReport", "check_equivariance", "experiments", "Inference", "check_spec", "infer", "infer_spec",
+    "AlignResult", "align", "barrier", "interpolate", "repair",
 ]
 
 
@@ -53,4 +55,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES) | {"infer"})
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES) | {"infer", "align"})

@@ -130,7 +130,7 @@ def test_collectives_per_step_do_not_grow_with_the_parameters(world, tmp_path_fa
     for rank_results in results["ranks"]:
         for name in EQUIVALENCE + ("mlp_deep",):
             dtypes = 2 if name == "mixed_dtypes" else 1
-            ways = 2 + (CASES[name].options.get("source") == "gradient")
+            ways = 2 + (CASES[name].options.get("statistic") == "gradient")
             assert rank_results["fsdp", name]["collectives"] == [1 + dtypes * ways] * STEPS, name
         for name in EQUIVALENCE:
             dtypes = 2 if name == "mixed_dtypes" else 1

@@ -1,9 +1,9 @@
 """Room 5, the `symo` command: `symo compile SPEC --model module:factory` (or `--shapes ...`), `symo params`,
-`symo train`, `symo check`, `symo infer`, `symo equivariance`.
+`symo train`, `symo check`, `symo infer`, `symo equivariance`, `symo align`, `symo merge`.
 
 - parsers.py: every command's arguments; each names the function that runs it;
 - spec.py: compile, params, check, infer; train.py: train (and its terminal output, `ConsoleReport`);
-  equivariance.py: equivariance;
+  equivariance.py: equivariance; align.py: align and merge (their arguments: align_args.py);
 - common.py: the user-error exception, `--model` / `--shapes` / `--size` parsing, error descriptions.
 
 `main` builds the parser from parsers.py alone and imports a command's module (which imports torch and

@@ -14,6 +14,7 @@ import dataclasses
 
 from ..optim.presets import ALIASES, PRESETS  # plain data: no torch
 from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, check_given, check_values
+from .align_args import add_align_parser, add_merge_parser
 
 # the optimizers `symo equivariance` knows by name (equivariance.py builds them)
 BUILTIN_RULES = ("sgd", "heavy_ball", "symo", "gd", "adam", "scalar_adam", "rmsprop", "signum", "lion", "adafactor",
@@ -28,6 +29,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _add_check_parser(sub)
     _add_infer_parser(sub)
     _add_equivariance_parser(sub)
+    add_align_parser(sub)
+    add_merge_parser(sub)
 
 
 def _add_train_parser(sub) -> None:

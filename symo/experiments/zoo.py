@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.linalg import newton_schulz, sym_power
+from ..runtime.linalg import newton_schulz
 
 
 def ns5(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
@@ -243,9 +243,13 @@ class Shampoo(_Rule):
 
 
 def _inv_root4(a: torch.Tensor, eps: float) -> torch.Tensor:
-    """(A + eps I)^(-1/4) of the symmetrised A by eigh, eigenvalues clamped at 0 first (Shampoo's absolute
-    damping, the library's `sym_power`; eps > 0, so no eigenvalue is thresholded)."""
-    return sym_power((a + a.transpose(-1, -2)) / 2, -0.25, eps, absolute=True)
+    """(A + eps I)^(-1/4) of the symmetrised A by float64 eigh, eigenvalues clamped at 0 first, as the
+    protocol's Shampoo computes it: every eigenvalue, a zero one included, is damped by eps (the library's
+    `sym_power` maps zeros to zero instead, Symo's convention)."""
+    sym = ((a + a.transpose(-1, -2)) / 2).to(torch.float64)
+    evals, evecs = torch.linalg.eigh(sym)
+    f = (evals.clamp_min(0) + eps).pow(-0.25)
+    return ((evecs * f.unsqueeze(-2)) @ evecs.transpose(-1, -2)).to(a.dtype)
 
 
 def _require_matrices(opt: torch.optim.Optimizer, name: str) -> None:

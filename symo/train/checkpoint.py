@@ -31,13 +31,18 @@ class CheckpointError(RuntimeError):
 
 
 def save_checkpoint(path: str | Path, payload: Mapping[str, Any]) -> Path:
+    """torch.save {"format": FORMAT, **payload} to `path` atomically (see `save_atomic`)."""
+    return save_atomic(path, {"format": FORMAT, **payload})
+
+
+def save_atomic(path: str | Path, obj: Any) -> Path:
     """torch.save to `path` atomically (temporary file in the same folder, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
-            torch.save({"format": FORMAT, **payload}, fh)
+            torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

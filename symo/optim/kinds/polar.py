@@ -39,7 +39,8 @@ class PolarConfig(StatisticOptions, DampingOptions, NewtonSchulzOptions, PowerOp
     def __post_init__(self) -> None:
         super().__post_init__()
         raise_first([(self.backend != "newton_schulz" or self.power == -0.5,
-                      "the newton_schulz backend computes the -1/2 power only (power = -0.5)")])
+                      "the newton_schulz backend computes the -1/2 power only (power = -0.5)"),
+                     (self.ns_inverse_steps >= 1, f"ns_inverse_steps must be >= 1, got {self.ns_inverse_steps}")])
 
 
 class Polar(Kind):

@@ -1,0 +1,207 @@
+"""Activation matching: each space's element from the correlations of the hidden units' activations on data.
+
+Git Re-Basin's activation matching (Ainsworth et al., ICLR 2023), located through the spec. A space is
+found in the forward pass where a module's weight carries it on a feature axis: the *input* of an
+`nn.Linear` / convolution whose weight's input axis holds the space (the units after the nonlinearity),
+else the *output* of one whose weight's output axis holds it (before it). A fused axis is cut at the
+block's slice (c_attn's q, k and v) and a product axis reshaped (`(head d_head)`): a `per` space gives
+one statistic per index of its owner. Forward hooks record those tensors for the same batches through
+both models; per space
+
+- `perm`, `signed_perm`: the cross-correlation of the units, summed over the places the space was found,
+  solved by linear assignment (of |corr| with its signs for signed_perm);
+- `orthogonal`: the cross-covariance, solved by Procrustes.
+
+Hidden activations do not depend on how the other spaces are permuted or rotated (for true symmetries),
+so every located space is solved once, independently. Spaces that cannot be located (a recurrent
+weight, a space sharing its axis with another group) are left to weight matching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..runtime.compiled import CompiledSpec
+from .matching import solve_linear
+
+# weight axis -> (side of the module, feature dimension of that tensor), per module type
+_LINEAR = {0: ("output", -1), 1: ("input", -1)}
+_CONV = {0: ("output", 1), 1: ("input", 1)}
+_EMBEDDING = {1: ("output", -1)}
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a space shows in the forward pass: `side` of module `module`, feature dimension `dim`, the
+    slice [start, start + length) reshaped to `sizes`; the space is atom `k` (its owner atom `owner`)."""
+
+    module: str
+    side: str
+    dim: int
+    start: int
+    length: int
+    sizes: tuple[int, ...]
+    k: int
+    owner: int | None
+
+
+def locate(model: nn.Module, compiled: CompiledSpec) -> dict[str, list[Site]]:
+    """{space: sites}: input sides where there are any, else output sides (module docstring)."""
+    names = {}
+    for n, p in model.named_parameters():
+        names.setdefault(id(p), n)
+    found: dict[str, list[Site]] = {}
+    for mod_name, module in model.named_modules():
+        axes = _axes_of(module)
+        weight = getattr(module, "weight", None)
+        param = names.get(id(weight)) if isinstance(weight, nn.Parameter) else None
+        if not axes or param not in compiled.shapes:
+            continue
+        for block in compiled.param_blocks(param):
+            for axis, (side, dim) in axes.items():
+                start, length = block["slices"][axis]
+                atoms = block["axes"][axis]
+                for k, (space, _) in enumerate(atoms):
+                    site = _site(compiled, mod_name, side, dim, start, length, atoms, k, space)
+                    if site is not None:
+                        found.setdefault(space, []).append(site)
+    return {s: [x for x in sites if x.side == "input"] or sites for s, sites in found.items()}
+
+
+def _axes_of(module: nn.Module) -> dict[int, tuple[str, int]]:
+    if isinstance(module, nn.Linear):
+        return _LINEAR
+    if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and module.groups == 1:
+        return _CONV
+    if isinstance(module, nn.Embedding):
+        return _EMBEDDING
+    return {}
+
+
+def _site(compiled: CompiledSpec, module: str, side: str, dim: int, start: int, length: int,
+          atoms: list[tuple[str | None, int]], k: int, space: str | None) -> Site | None:
+    """A site for atom k, if it holds a moving space and every other atom of the axis is fixed there (a
+    free atom, an identity space, or the space's own owner)."""
+    if space is None or compiled.spaces[space]["group"] == "identity":
+        return None
+    owner = compiled.spaces[space]["per"]
+    owner_k = None
+    for j, (other, _) in enumerate(atoms):
+        if j == k:
+            continue
+        if other == owner and owner is not None:
+            owner_k = j
+        elif other is not None and compiled.spaces[other]["group"] != "identity":
+            return None  # another moving group on the same axis (or the space again): units not comparable alone
+    if owner is not None and owner_k is None:
+        return None
+    return Site(module, side, dim, start, length, tuple(n for _, n in atoms), k, owner_k)
+
+
+def model_inputs(batch: Any) -> tuple[tuple, dict]:
+    """A batch as the model's arguments: a tensor is the input, a dict keyword inputs, a tuple or list
+    (inputs, targets, ...) gives its first entry."""
+    if isinstance(batch, torch.Tensor):
+        return (batch,), {}
+    if isinstance(batch, Mapping):
+        return (), dict(batch)
+    if isinstance(batch, (tuple, list)) and batch:
+        return (batch[0],), {}
+    raise TypeError(f"a data batch must be a tensor, a dict of keyword inputs, or (inputs, targets, ...); "
+                    f"got {type(batch).__name__}")
+
+
+def _features(t: torch.Tensor, site: Site) -> torch.Tensor:
+    """The site's slice of `t` as (rows, copies, n) in float64."""
+    x = t.detach().movedim(site.dim, -1)[..., site.start:site.start + site.length]
+    x = x.reshape(-1, *site.sizes).double()
+    if site.owner is None:
+        return x.movedim(1 + site.k, -1).reshape(-1, 1, site.sizes[site.k])
+    x = x.movedim((1 + site.owner, 1 + site.k), (-2, -1))
+    return x.reshape(-1, site.sizes[site.owner], site.sizes[site.k])
+
+
+class _Stats:
+    """Running sums for one site: means, second moments of each model's units, and the cross moment."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sr = self.so = self.srr = self.soo = self.cross = None
+
+    def add(self, r: torch.Tensor, o: torch.Tensor) -> None:
+        if r.shape != o.shape:
+            raise ValueError(f"the two models' activations differ in shape: {tuple(r.shape)} vs {tuple(o.shape)}")
+        sums = (r.sum(0), o.sum(0), (r * r).sum(0), (o * o).sum(0), torch.einsum("bci,bcj->cij", r, o))
+        if self.sr is None:
+            self.sr, self.so, self.srr, self.soo, self.cross = sums
+        else:
+            for name, value in zip(("sr", "so", "srr", "soo", "cross"), sums):
+                setattr(self, name, getattr(self, name) + value)
+        self.n += r.shape[0]
+
+    def matrix(self, group: str) -> torch.Tensor:
+        """Cross-correlation (perm, signed_perm) or cross-covariance (orthogonal), (copies, n, n)."""
+        mr, mo = self.sr / self.n, self.so / self.n
+        cov = self.cross / self.n - mr.unsqueeze(-1) * mo.unsqueeze(-2)
+        if group == "orthogonal":
+            return cov
+        sd_r = (self.srr / self.n - mr * mr).clamp_min(0).sqrt()
+        sd_o = (self.soo / self.n - mo * mo).clamp_min(0).sqrt()
+        return cov / (sd_r.unsqueeze(-1) * sd_o.unsqueeze(-2) + 1e-12)
+
+
+def activation_matching(compiled: CompiledSpec, reference: nn.Module, other: nn.Module,
+                        data: Iterable[Any]) -> tuple[dict[str, torch.Tensor], dict[str, list[Site]]]:
+    """Elements {space: (copies, n, n)} for the spaces located in the forward pass, and where each was
+    found; the spaces not located are absent (weight matching solves them)."""
+    sites = locate(reference, compiled)
+    stats = {(s, i): _Stats() for s, xs in sites.items() for i in range(len(xs))}
+    batches = 0
+    for batch in data:
+        captured = [_capture(m, sites, batch) for m in (reference, other)]
+        for key, st in stats.items():
+            st.add(captured[0][key], captured[1][key])
+        batches += 1
+    if not batches:
+        raise ValueError("data holds no batch: activation matching needs inputs to run the models on")
+    out = {}
+    for s, xs in sites.items():
+        group = compiled.spaces[s]["group"]
+        c = sum(stats[(s, i)].matrix(group) for i in range(len(xs)))
+        out[s] = torch.stack([solve_linear(group, c[j]) for j in range(c.shape[0])])
+    return out, sites
+
+
+def _capture(model: nn.Module, sites: dict[str, list[Site]], batch: Any) -> dict[tuple[str, int], torch.Tensor]:
+    """One forward pass (eval mode, no grad) recording every site's features."""
+    modules = dict(model.named_modules())
+    out: dict[tuple[str, int], torch.Tensor] = {}
+    by_module: dict[str, list[tuple[tuple[str, int], Site]]] = {}
+    for s, xs in sites.items():
+        for i, site in enumerate(xs):
+            by_module.setdefault(site.module, []).append(((s, i), site))
+
+    def hook(name: str):
+        def record(_module, args, output):
+            for key, site in by_module[name]:
+                out[key] = _features(args[0] if site.side == "input" else output, site)
+        return record
+
+    handles = [modules[name].register_forward_hook(hook(name)) for name in by_module]
+    modes = {name: m.training for name, m in model.named_modules()}
+    args, kwargs = model_inputs(batch)
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+        for name, m in model.named_modules():
+            m.training = modes[name]
+    return out
