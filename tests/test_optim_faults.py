@@ -134,3 +134,13 @@ def test_leaving_frozen_parameters_out_works_with_a_warning():
         Symo(trainable, spec, lr=0.02, strict=False)   # said explicitly: no warning
     with pytest.raises(ValueError, match="matches no parameter"):
         Symo(trainable, spec, lr=0.02, strict=True)
+
+
+def test_two_groups_becoming_four_is_said_and_each_knows_its_group():
+    model = MLP((8, 16, 12, 4))
+    named = list(model.named_parameters())
+    opt = Symo([{"params": named[:2]}, {"params": named[2:], "lr": 0.01}], MUON, lr=0.02)
+    assert [(g["user_group"], g["kind"]) for g in opt.param_groups] == [(0, "symo"), (0, "adamw"), (1, "symo"),
+                                                                         (1, "adamw")]
+    assert "param groups: 2 given -> 4 torch groups" in opt.describe()
+    assert "param groups" not in Symo(named, MUON).describe()

@@ -58,7 +58,7 @@ def describe(opt: Symo) -> str:
                          + ("" if unit is None else f", lr_eff={lr * unit:.3g}")
                          + f", backend={backend}; {summarize_names(b.params)}")
     users = {g.get("user_group", 0) for g in opt.param_groups}
-    if len(opt.param_groups) > len(users):
+    if len(users) > 1 and len(opt.param_groups) > len(users):
         lines.append(f"  param groups: {len(users)} given -> {len(opt.param_groups)} torch groups (each split into "
                      "its covered 'symo' part and its 'adamw' part; a group's 'user_group' names the one it came "
                      "from): " + ", ".join(f"{g.get('user_group', 0)}:{g['kind']}" for g in opt.param_groups))
