@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import rel
 
 import symo
 from symo.optim import Symo
@@ -23,10 +24,6 @@ from symo.runtime.compiled import NonFiniteUpdateError
 from symo.train.models import MLP
 
 MUON = symo.load_spec("muon")
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
 def snapshot(model: torch.nn.Module, opt: Symo) -> dict:
