@@ -19,15 +19,12 @@ import math
 
 import pytest
 import torch
+from helpers import rel
 
 import symo
 from symo.optim import Symo
 
 F64 = torch.float64
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
 # ------------------------------------------------------------------ published: the dense reference
