@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import symo
-from symo.align import BarrierResult, barrier
+from symo.alignment import BarrierResult, barrier
 from symo.train import TrainConfig, train
 from symo.train.data import load_corpus
 from symo.train.data_mnist import load_mnist
@@ -185,7 +185,7 @@ def matched_correlation(a: nn.Module, b: nn.Module, result, data: list, units: d
 
 def timed_align(a, b, **kw):
     t0 = time.perf_counter()
-    result = symo.align.align(a, b, **kw)
+    result = symo.align(a, b, **kw)
     return result, time.perf_counter() - t0
 
 

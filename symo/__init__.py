@@ -28,7 +28,8 @@ _LAZY = {
     "check_symmetry": ".runtime.symmetry", "EquivarianceReport": ".gauge", "check_equivariance": ".gauge",
     "Inference": ".infer", "check_spec": ".infer", "infer_spec": ".infer",
     "Symo": ".optim", "SymoConfig": ".optim", "compile": ".runtime.compiled",
-    "AlignResult": ".align", "interpolate": ".align", "repair": ".align", "barrier": ".align",
+    "AlignResult": ".alignment", "align": ".alignment", "interpolate": ".alignment", "repair": ".alignment",
+    "barrier": ".alignment",
 }
 # public submodules by attribute: name -> module (symo.models is the training room's models; symo.infer,
 # the spec-inference package, and the other packages load through the last branch of __getattr__)
@@ -55,4 +56,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES) | {"infer", "align"})
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES) | {"infer"})

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 import symo
-from symo.align import AlignError, AlignWarning, align, barrier, interpolate, repair
-from symo.align.matching import weight_matching
+from symo.alignment import AlignError, AlignWarning, align, barrier, interpolate, repair
+from symo.alignment.matching import weight_matching
 from symo.cli import main
 from symo.train.checkpoint import save_checkpoint
 from symo.train.models import GPT, MLP, Factored, GPTConfig
@@ -425,18 +425,19 @@ def test_cli_bad_input_writes_nothing(tmp_path, capsys, case) -> None:
 
 
 def test_facade_names() -> None:
-    """symo.align is the package (its function symo.align.align); the other three are the root's names."""
-    assert symo.align.align is align and symo.interpolate is interpolate and symo.repair is repair
+    """symo.align, interpolate, repair and barrier are the root's names for the functions of the symo.alignment
+    package (no name is both a package and a function)."""
+    assert symo.align is align and symo.interpolate is interpolate and symo.repair is repair
     assert symo.barrier is barrier
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        from symo.align import matching  # noqa: F401
-    assert symo.align is sys.modules["symo.align"]
+        from symo.alignment import matching  # noqa: F401
+    assert symo.alignment is sys.modules["symo.alignment"] and callable(symo.align)
 
 
 def test_the_per_block_contraction_is_the_gradient_of_the_group_action() -> None:
     """C for one space, as a contraction per block, against autograd through CompiledSpec.act."""
-    from symo.align.matching import _autograd_gradient, _contraction
+    from symo.alignment.matching import _autograd_gradient, _contraction
 
     model = _seeded(lambda: GPT(TINY_GPT), 0)
     compiled = symo.compile(symo.infer_spec(model), model)

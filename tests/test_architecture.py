@@ -25,7 +25,7 @@ ROOMS = {
     "symo.runtime": 1,
     "symo.optim": 2,
     "symo.infer": 3, "symo.hessian": 3, "symo.laplace": 3, "symo.gauge": 3,
-    "symo.train": 4, "symo.experiments": 4, "symo.align": 4,
+    "symo.train": 4, "symo.experiments": 4, "symo.alignment": 4,
     "symo.cli": 5,
     "symo.__main__": 6,  # `python -m symo`: the entry point above the command line
 }

@@ -97,8 +97,8 @@ def test_describe_reports_every_option_and_block():
     options = " ".join(ln.strip() for ln in text.splitlines()[1:4])  # the option lines wrap at 120 columns
     assert options.startswith(
         "preconditioner 'taylor': power=-0.25 damping=0.001 damping_mode='absolute' statistic='gradient' "
-        "stats_dtype='auto' beta2=0.5 precondition_frequency=3 beta1=0.9 nesterov=False update_scale=adamw "
-        "statistics=float64"), options
+        "stats_dtype='auto' beta2=0.5 precondition_frequency=3 max_precond_dim=2048 beta1=0.9 nesterov=False "
+        "update_scale=adamw statistics=float64"), options
     blocks = [ln for ln in text.splitlines() if ln.startswith("  L")]
     assert len(blocks) == 3 and blocks[1].startswith("  L1 nat(rows2)")
     # update_scale="adamw": every block's unit update has RMS adamw_rms (0.2), so lr_eff = 0.1 * 0.2

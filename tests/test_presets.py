@@ -154,7 +154,7 @@ def test_lr_none_takes_the_presets_rate_and_the_default_otherwise():
             if key != "preconditioner":
                 assert getattr(opt.config, key) == value, (name, key)
     # "paper" is the published step (the early notebooks' rule is "notebook")
-    paper = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="notebook")
+    paper = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="paper")
     assert paper.preset.name == "published" and paper.config.kind == "published"
     assert Symo(model.named_parameters(), SPECS / "mlp_tanh.toml").param_groups[0]["lr"] == 1e-3
 

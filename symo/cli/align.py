@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..align import AlignError, AlignWarning, align, interpolate
+from ..alignment import AlignError, AlignWarning, align, interpolate
 from ..train.checkpoint import FORMAT, save_atomic, save_checkpoint
 from ..train.models import GPT, GPTConfig
 from .common import CommandError, _load_factory, _parse_sizes

@@ -1,6 +1,6 @@
 """Aligning and merging models modulo their weight-space symmetry, from the same spec Symo compiles.
 
-    result = symo.align.align(reference, other, "mlp_relu")  # or spec=None: inferred and verified
+    result = symo.align(reference, other, "mlp_relu")  # or spec=None: inferred and verified
     result.model, result.elements, print(result.report())
     merged = symo.interpolate(reference, result.model, 0.5)
     merged = symo.repair(merged, data, parents=(reference, result.model))

@@ -1,4 +1,4 @@
-"""`symo.align.align(reference, other, spec)`: move `other` by the element of the spec's group that matches it
+"""`symo.align(reference, other, spec)`: move `other` by the element of the spec's group that matches it
 to `reference` best, with weight matching (matching.py) or activation matching (activations.py).
 
 The element is applied with the compiled spec's own group action (`CompiledSpec.act`), so the result is
