@@ -1,4 +1,4 @@
-"""The named presets (symo.presets) against references written here from their published algorithms.
+"""The named presets (symo.PRESETS) against references written here from their published algorithms.
 
 - notebook: the authors' prototype algorithm for one signed-permutation hidden space on a bias-free MLP,
   written out below with numpy (float64 EMA with bias correction, square root by eigh with negative

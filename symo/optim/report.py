@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..runtime.compiled import BlockInfo, fit_lines, summarize_names
+from ..runtime.compiled import BlockInfo
+from ..runtime.text import fit_lines, summarize_names
 from .config import KIND_OPTIONS, SymoConfig
 from .kinds.base import update_scale_factor
 from .matrix_functions import ns_method

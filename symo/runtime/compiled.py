@@ -16,9 +16,6 @@ from ..compiler import GeneratedModule, Spec, compile_spec, load_spec
 from . import describe as reports
 from .curvature import Curvature
 
-# symo.optim.report imports these from here
-from .text import fit_lines, summarize_names  # noqa: F401
-
 Tensors = Mapping[str, torch.Tensor]
 
 
