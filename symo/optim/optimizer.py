@@ -238,8 +238,11 @@ class Symo(torch.optim.Optimizer):
                 raise
             if d is not None:
                 updates = d.from_owners(names, updates, us)
-        for buf, new in zip(bufs, new_bufs):
-            buf.copy_(new)
+        for p, buf, new in zip(params, bufs, new_bufs):
+            if self.distributor is None:  # the new tensor becomes the buffer (no copy)
+                self.state[p]["momentum_buffer"] = new
+            else:  # a DTensor's local shard: written in place
+                buf.copy_(new)
         lookup = {id(p): g for g in groups for p in g["params"]}
         for n, p in zip(names, params):
             group = lookup[id(p)]
