@@ -50,7 +50,10 @@ COMMON = {"batch_size": 32, "block_size": 128, "steps": 1000, "eval_interval": 2
 REGIMES: dict[str, dict[str, Any]] = {
     "reference": dict(COMMON, n_layer=4, n_head=4, n_embd=128),
     "data_rich": dict(COMMON, n_layer=2, n_head=4, n_embd=64),
+    # the screening pass: the reference model at a quarter of its tokens per step and half its steps
+    "screen": dict(COMMON, n_layer=4, n_head=4, n_embd=128, batch_size=16, block_size=64, steps=500),
 }
+TUNED_REGIMES = ("reference", "data_rich")
 QUICK = {"batch_size": 4, "block_size": 16, "steps": 10, "eval_interval": 5, "eval_batches": 1, "warmup": 2,
          "adamw_lr": 3e-3, "n_layer": 1, "n_head": 2, "n_embd": 32}
 WEIGHT_DECAYS = (0.0, 0.05, 0.1)
@@ -164,10 +167,13 @@ def job_for(regime: str, setup: dict, arm: str, lr: float, wd: float, seed: int)
 
 # ------------------------------------------------------------------ the campaign's schedule
 class Tuning:
-    """One arm in one regime: its rate grid (seed 0, decay 0), then decays at the chosen rate, then seeds."""
+    """One arm in one regime: its rate grid (seed 0, decay 0), then decays at the chosen rate, then seeds.
+    In the screening regime the rate grid alone, and for Muon its seeds at the chosen rate (the spread)."""
 
     def __init__(self, regime: str, setup: dict, arm: str, quick: bool) -> None:
         self.regime, self.setup, self.arm, self.quick = regime, setup, arm, quick
+        self.screen = regime == "screen"
+        self.n_seeds = 2 if quick else SEEDS
         self.grid = list(ARMS[arm]["grid"][1:] if quick else ARMS[arm]["grid"])
         self.extensions = 0
         self.rates: dict[float, float] = {}   # lr -> final val (seed 0, decay 0)
@@ -197,6 +203,11 @@ class Tuning:
                 return [job_for(self.regime, self.setup, self.arm, extra, 0.0, 0)]
             self.lr = best
             self.decays[0.0] = self.rates[best]
+            if self.screen:
+                self.wd = 0.0
+                self.runs[0] = self.seed0[(best, 0.0)]
+                seeds = range(1, self.n_seeds) if self.arm == "muon" else range(0)
+                return [job_for(self.regime, self.setup, self.arm, best, 0.0, s) for s in seeds]
             return [job_for(self.regime, self.setup, self.arm, best, wd, 0) for wd in WEIGHT_DECAYS if wd]
         if self.lr is not None and self.wd is None and job["lr"] == self.lr and job["seed"] == 0:
             self.decays[job["wd"]] = run["final_val"]
@@ -204,7 +215,7 @@ class Tuning:
                 return []
             self.wd = min(self.decays, key=lambda wd: (self.decays[wd], wd))
             self.runs[0] = self.seed0[(self.lr, self.wd)]
-            seeds = range(1, 2 if self.quick else SEEDS)
+            seeds = range(1, self.n_seeds)
             return [job_for(self.regime, self.setup, self.arm, self.lr, self.wd, s) for s in seeds]
         if job["lr"] == self.lr and job["wd"] == self.wd:
             self.runs[job["seed"]] = run
@@ -213,8 +224,50 @@ class Tuning:
     def seed_runs(self) -> list[dict]:
         return [self.runs[s] for s in sorted(self.runs)]
 
-    def finished(self, n_seeds: int) -> bool:
-        return len(self.runs) == n_seeds
+    def finished(self) -> bool:
+        if self.screen:
+            return self.lr is not None and len(self.runs) == (self.n_seeds if self.arm == "muon" else 1)
+        return len(self.runs) == self.n_seeds
+
+
+class RegimeCaches:
+    """One run cache per regime (nanogpt_matrix_<regime>_runs.json), so that two regimes can train in two
+    processes at once; looked up by the regime that starts each key."""
+
+    def __init__(self, out: Path, regimes: list[str]) -> None:
+        self.caches = {r: RunCache(out / f"{NAME}_{r}_runs.json") for r in regimes}
+
+    def _of(self, key: str) -> RunCache:
+        regime = key.split("/", 2)[1] if key.startswith("timing/") else key.split("/", 1)[0]
+        return self.caches[regime]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._of(key)
+
+    def __getitem__(self, key: str) -> dict:
+        return self._of(key)[key]
+
+    def get(self, key: str, default: dict | None = None) -> dict | None:
+        return self._of(key).get(key, default)
+
+    def put(self, key: str, record: dict) -> None:
+        self._of(key).put(key, record)
+
+
+def screened_out(tunings: dict[tuple[str, str], Tuning]) -> dict[str, str]:
+    """Arms the screening pass drops from the reference regime: their best grid loss is worse than Muon's
+    mean by more than two of Muon's seed spreads. {} until the screen has finished for Muon."""
+    muon = tunings.get(("screen", "muon"))
+    if muon is None or not muon.finished():
+        return {}
+    m, s = mean_std(r["final_val"] for r in muon.seed_runs())
+    out = {}
+    for (regime, arm), t in tunings.items():
+        if regime == "screen" and t.lr is not None and arm not in ("muon", "adamw"):
+            best = t.rates[t.lr]
+            if best > m + 2 * s:
+                out[arm] = f"{best:.4f} > Muon's {m:.4f} + 2 x {s:.4f}"
+    return out
 
 
 # ------------------------------------------------------------------ timing (after training, one process)
@@ -260,7 +313,8 @@ def non_embedding_params(setup: dict) -> int:
 # ------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--regime", choices=[*REGIMES, "all"], default="all")
+    p.add_argument("--regime", choices=[*REGIMES, "all"], default="all",
+                   help="all: the screening pass, then data_rich and reference (without the arms it drops)")
     p.add_argument("--arms", default=None, help="comma-separated arms (default: all of them)")
     p.add_argument("--workers", type=int, default=2, help="processes for the missing runs (one thread each)")
     p.add_argument("--quick", action="store_true", help="a tiny GPT, 10 steps, to a temp dir")
@@ -271,29 +325,39 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         p.error(f"--arms: unknown arm(s) {unknown}; the arms are {list(ARMS)}")
-    regimes = list(REGIMES) if args.regime == "all" else [args.regime]
+    regimes = ["screen", "data_rich", "reference"] if args.regime == "all" else [args.regime]
     setups = {r: (QUICK if args.quick else REGIMES[r]) for r in regimes}
     out = args.out or (Path(tempfile.mkdtemp(prefix="nanogpt_matrix_")) if args.quick else RESULTS)
-    cache = RunCache(out / f"{NAME}_runs.json")
+    cache = RegimeCaches(out, [*REGIMES])
     tunings = {(r, a): Tuning(r, setups[r], a, args.quick) for r in regimes for a in arms}
+    if "reference" in regimes and "screen" not in regimes:  # the screen's verdict, from its cached runs
+        tunings.update({("screen", a): Tuning("screen", REGIMES["screen"], a, args.quick) for a in arms})
     by_key: dict[str, Tuning] = {}
-    pool = RunPool(run_one, cache, workers=args.workers, desc="nanogpt_matrix runs")
-
-    def submit(t: Tuning, jobs: list[dict]) -> None:
-        for job in jobs:
-            by_key[job["key"]] = t
-            pool.submit(job)
-
-    # the slowest arms first, so the pool's tail is short
-    for _, t in sorted(tunings.items(), key=lambda kv: kv[0][1].startswith("symo"), reverse=True):
-        submit(t, t.first_jobs())
     started = time.time()
-    pool.run(lambda job, run: submit(by_key[job["key"]], by_key[job["key"]].done(job, run)))
+    # two phases: the screen and the data-rich regime, then the reference regime without the arms the
+    # screen drops (the slowest arms first in each, so that the pool's tail is short)
+    for phase in (("screen", "data_rich"), ("reference",)):
+        pool = RunPool(run_one, cache, workers=args.workers, desc=f"nanogpt_matrix {'+'.join(phase)}")
+        dropped = screened_out(tunings) if phase == ("reference",) else {}
+
+        def submit(t: Tuning, jobs: list[dict], pool: RunPool = pool) -> None:
+            for job in jobs:
+                by_key[job["key"]] = t
+                pool.submit(job)
+
+        order = sorted(tunings.items(), key=lambda kv: kv[0][1].startswith("symo"), reverse=True)
+        for (regime, arm), t in order:
+            if regime in phase and arm not in dropped:
+                submit(t, t.first_jobs())
+        pool.run(lambda job, run: submit(by_key[job["key"]], by_key[job["key"]].done(job, run)))
     print(f"{(time.time() - started) / 60:.1f} minutes", flush=True)
-    n_seeds = 2 if args.quick else SEEDS
     data, sections = {}, []
-    for r in regimes:
-        ready = {a: t for (rr, a), t in tunings.items() if rr == r and t.finished(n_seeds)}
+    screen = screen_section(tunings)
+    if screen is not None:
+        data["screen"], text = screen
+        sections.append(text)
+    for r in [r for r in regimes if r in TUNED_REGIMES]:
+        ready = {a: t for (rr, a), t in tunings.items() if rr == r and t.finished()}
         if "adamw" not in ready or "muon" not in ready:
             continue
         chosen = {a: (t.lr, t.wd) for a, t in ready.items()}
@@ -314,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"Command: `{command}` ({len(by_key)} runs, {worker_minutes:.0f} worker-minutes of training).",
                     "", *PROTOCOL_NOTES, "", *sections])
     write_results(out, NAME, md, {**data, "command": command, "worker_minutes": worker_minutes})
-    plot(out, data, tunings)
+    plot(out, {r: d for r, d in data.items() if r in TUNED_REGIMES}, tunings)
     print(md)
     return 0
 
@@ -330,6 +394,30 @@ PROTOCOL_NOTES = (
     "`diff to Muon` = paired 95% interval of (arm - Muon) final loss over the 3 seeds (negative: better than "
     "Muon).",
 )
+
+
+def screen_section(tunings: dict[tuple[str, str], Tuning]) -> tuple[dict, str] | None:
+    """The screening pass's table: each arm's rate grid at the small size, and whether it was dropped."""
+    rows = {a: t for (r, a), t in tunings.items() if r == "screen" and t.lr is not None}
+    muon = tunings.get(("screen", "muon"))
+    if not rows or muon is None or not muon.finished():
+        return None
+    m, s = mean_std(r["final_val"] for r in muon.seed_runs())
+    dropped = screened_out(tunings)
+    data = {"setup": REGIMES["screen"], "muon_mean": m, "muon_std": s, "dropped": dropped,
+            "arms": {a: {"lr": t.lr, "best": t.rates[t.lr],
+                         "grid": {f"{lr:g}": v for lr, v in sorted(t.rates.items())}} for a, t in rows.items()}}
+    lines = ["## Screening pass: the reference model at batch 16 x context 64, 500 steps (seed 0)", "",
+             f"Muon: {m:.4f} ± {s:.4f} over {muon.n_seeds} seeds at its chosen rate. An arm whose best grid loss is "
+             f"worse than Muon's mean by more than two of Muon's seed spreads ({m + 2 * s:.4f}) is dropped from the "
+             "reference regime (it still runs in the data-rich regime).", "",
+             "| arm | best lr | best final val (seed 0) | grid (lr: final val) | reference regime |",
+             "|---|---|---|---|---|"]
+    for a, t in sorted(rows.items(), key=lambda kv: kv[1].rates[kv[1].lr]):
+        grid = ", ".join(f"{lr:g}: {v:.4f}" for lr, v in sorted(t.rates.items()))
+        lines.append(f"| {ARMS[a]['label']} | {t.lr:g} | {t.rates[t.lr]:.4f} | {grid} | "
+                     f"{'dropped: ' + dropped[a] if a in dropped else 'kept'} |")
+    return data, "\n".join(lines) + "\n"
 
 
 def summarize(regime: str, setup: dict, ready: dict[str, Tuning], ms: dict[str, float]) -> tuple[dict, str]:
@@ -388,6 +476,8 @@ def plot(out: Path, data: dict, tunings: dict) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return
+    if not data:
         return
     fig, axes = plt.subplots(1, len(data), figsize=(7 * len(data), 4.8), squeeze=False)
     for ax, (regime, d) in zip(axes[0], data.items()):
