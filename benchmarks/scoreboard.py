@@ -51,6 +51,12 @@ def _nanogpt(row: str) -> Callable[[dict], dict[str, dict[str, float]]]:
     return lambda d: {row: {k: o["val_final_mean"] for k, o in d["optimizers"].items()}}
 
 
+def _nanogpt_matrix(d: dict) -> dict[str, dict[str, float]]:
+    # one row per data-to-model regime; the screening pass is not a result
+    return {f"nanogpt_matrix {regime}": {k: o["mean"] for k, o in r["arms"].items()}
+            for regime, r in d.items() if isinstance(r, dict) and "arms" in r and regime != "screen"}
+
+
 def _rnn(d: dict) -> dict[str, dict[str, float]]:
     return {"rnn_train": {k: o["loss_final_mean"] for k, o in d["optimizers"].items()}}
 
@@ -77,6 +83,8 @@ READERS: list[tuple[str, str, Callable[[dict], dict[str, dict[str, float]]]]] = 
     ("nanogpt_compare.json", "final validation loss", _nanogpt("nanogpt_compare")),
     # the reference size (batch 32 x context 128, 1000 steps): `python -m benchmarks.nanogpt_compare --reference`
     ("nanogpt_compare_reference.json", "final validation loss", _nanogpt("nanogpt_compare_reference")),
+    # every preconditioner kind against tuned AdamW, Muon, SOAP and PSGD-Kron at two data-to-model ratios
+    ("nanogpt_matrix.json", "final validation loss", _nanogpt_matrix),
     ("hyperspectral.json", "test RMSE", _hyperspectral),
     ("hessian_cosine.json", "cosine with the Hessian, late (higher is better)", _hessian_cosine),
 ]
