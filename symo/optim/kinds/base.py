@@ -283,11 +283,12 @@ def batched(fn: Callable[[torch.Tensor], Any], tensors: list[torch.Tensor]) -> l
 
 
 def fold_statistic(state: dict[str, Any], coords: torch.Tensor, dim: int, beta2: float,
-                   stats_dtype: torch.dtype) -> torch.Tensor:
-    """Fold Y Y^T / d of this step into the block's EMA (state "ema", "step"); returns the bias-corrected
-    average (with beta2 = 0: this step's statistic, which is not stored)."""
+                   stats_dtype: torch.dtype, diagonal: bool = False) -> torch.Tensor:
+    """Fold Y Y^T / d of this step (its diagonal, (batch, mult, 1), for a block above the size cap) into the
+    block's EMA (state "ema", "step"); returns the bias-corrected average (with beta2 = 0: this step's
+    statistic, which is not stored)."""
     y = coords.to(stats_dtype)
-    stat = y @ y.transpose(-1, -2) / dim
+    stat = (y * y).sum(dim=-1, keepdim=True) / dim if diagonal else y @ y.transpose(-1, -2) / dim
     state["step"] = state.get("step", 0) + 1
     if beta2 == 0.0:
         return stat
@@ -304,23 +305,6 @@ def fold_statistic(state: dict[str, Any], coords: torch.Tensor, dim: int, beta2:
 def statistic_shape(block: BlockInfo | BlockPlan, cap: int) -> tuple[int, ...]:
     """The stored statistic of a block: mult x mult, or its diagonal (batch, mult, 1) above the cap."""
     return (block.batch, block.mult, 1) if block.mult > cap else (block.batch, block.mult, block.mult)
-
-
-def fold_diagonal(state: dict[str, Any], coords: torch.Tensor, dim: int, beta2: float,
-                  stats_dtype: torch.dtype) -> torch.Tensor:
-    """`fold_statistic` for a block above the size cap: the diagonal of Y Y^T / d, as (batch, mult, 1)."""
-    y = coords.to(stats_dtype)
-    stat = (y * y).sum(dim=-1, keepdim=True) / dim
-    state["step"] = state.get("step", 0) + 1
-    if beta2 == 0.0:
-        return stat
-    if "ema" not in state:
-        state["ema"] = stat if beta2 == 1.0 else stat * (1 - beta2)
-    elif beta2 == 1.0:
-        state["ema"] = state["ema"].add(stat)
-    else:
-        state["ema"] = state["ema"].mul(beta2).add(stat, alpha=1 - beta2)
-    return state["ema"] if beta2 == 1.0 else state["ema"] / (1 - beta2 ** state["step"])
 
 
 def diagonal_power(diag: torch.Tensor, power: float, damping: float, absolute: bool) -> torch.Tensor:

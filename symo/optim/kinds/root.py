@@ -26,7 +26,6 @@ from .base import (
     batched,
     diagonal_power,
     finish,
-    fold_diagonal,
     fold_statistic,
     refresh_due,
     statistic_shape,
@@ -92,8 +91,8 @@ class Root(Kind):
         o = self.options
         self.changes.check(stage, (self.stage_power(ctx.n_stages), o.damping, o.damping_mode))
         for b in blocks:
-            fold = fold_diagonal if b.plan.mult > o.max_precond_dim else fold_statistic
-            b.scratch["average"] = fold(b.state, b.stat, b.plan.dim, o.beta2, ctx.stats_dtype)
+            b.scratch["average"] = fold_statistic(b.state, b.stat, b.plan.dim, o.beta2, ctx.stats_dtype,
+                                                  diagonal=b.plan.mult > o.max_precond_dim)
 
     def due(self, stage: int, block: BlockStep) -> bool:
         return self.changes.due(stage) or refresh_due(block.state, self.options.precondition_frequency, "precond")
