@@ -136,6 +136,24 @@ def run_pool(fn: Callable[[Job], Record], jobs: Iterable[Job], cache: RunCache, 
     return [cache[job["key"]] for job in jobs]
 
 
+def interleaved_ms_per_step(setups: dict[str, tuple[Any, Any]], x: Any, y: Any, rounds: int = 5,
+                            steps: int = 4) -> dict[str, float]:
+    """Median ms of one training step (zero_grad, forward + backward of `model(x, y)[1]`, `opt.step()`) per
+    {name: (model, optimizer)}, timed in interleaved rounds in this process (round 0 warms up), so that the
+    machine's background load hits every optimizer alike."""
+    times: dict[str, list[float]] = {name: [] for name in setups}
+    for r in range(rounds + 1):
+        for name, (model, opt) in setups.items():
+            for _ in range(steps):
+                t = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                model(x, y)[1].backward()
+                opt.step()
+                if r:
+                    times[name].append(time.perf_counter() - t)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on: CPU, cores, load, Python and torch versions, date."""
     info: dict[str, Any] = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import RunCache, RunPool, write_results
+from benchmarks.harness import RunCache, RunPool, interleaved_ms_per_step, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -177,17 +177,7 @@ def timing(args: argparse.Namespace, lrs: dict[str, float], rounds: int = 5, ste
         model = GPT(GPTConfig(block_size=args.block_size, vocab_size=corpus.vocab_size, n_layer=args.n_layer,
                               n_head=args.n_head, n_embd=args.n_embd))
         setups[v] = (model, build_optimizer(model, cfg))
-    times: dict[str, list[float]] = {v: [] for v in lrs}
-    for r in range(rounds + 1):
-        for v, (model, opt) in setups.items():
-            for _ in range(steps):
-                t = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                model(x, y)[1].backward()
-                opt.step()
-                if r:  # round 0 warms up
-                    times[v].append(time.perf_counter() - t)
-    return {v: 1e3 * statistics.median(t) for v, t in times.items()}
+    return interleaved_ms_per_step(setups, x, y, rounds, steps)
 
 
 def steps_to(evals: list[tuple[int, float]], target: float) -> int | None:

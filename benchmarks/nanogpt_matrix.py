@@ -40,7 +40,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import RunCache, RunPool, mean_std, paired_diff_ci95, write_results
+from benchmarks.harness import (
+    RunCache,
+    RunPool,
+    interleaved_ms_per_step,
+    mean_std,
+    paired_diff_ci95,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -287,17 +294,7 @@ def timing(setup: dict, chosen: dict[str, tuple[float, float]], rounds: int = 5,
         model = GPT(GPTConfig(block_size=setup["block_size"], vocab_size=corpus.vocab_size, n_layer=setup["n_layer"],
                               n_head=setup["n_head"], n_embd=setup["n_embd"]))
         setups[arm] = (model, build(ARMS[arm], model, lr, wd, setup["adamw_lr"], setup["n_embd"], setup["n_head"]))
-    times: dict[str, list[float]] = {arm: [] for arm in chosen}
-    for r in range(rounds + 1):
-        for arm, (model, opt) in setups.items():
-            for _ in range(steps):
-                t = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                model(x, y)[1].backward()
-                opt.step()
-                if r:  # round 0 warms up
-                    times[arm].append(time.perf_counter() - t)
-    return {arm: 1e3 * statistics.median(t) for arm, t in times.items()}
+    return interleaved_ms_per_step(setups, x, y, rounds, steps)
 
 
 def steps_to(evals: list, target: float) -> int | None:

@@ -151,6 +151,20 @@ def test_published_damping_scope_block_damps_each_layer_on_its_own_scale():
 
 
 # ------------------------------------------------------------------ eigen_adam: SOAP
+def train_matrix(opt: Symo, w: torch.nn.Parameter, target: torch.Tensor, steps: int = 10
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Ten steps on a fixed non-quadratic loss of one weight matrix: its gradients and its updates."""
+    grads, updates = [], []
+    for _ in range(steps):
+        opt.zero_grad()
+        (((w - target) ** 3).sum() + (w @ w.T).square().sum()).backward()
+        grads.append(w.grad.clone())
+        before = w.detach().clone()
+        opt.step()
+        updates.append(before - w.detach())
+    return grads, updates
+
+
 def soap_reference(grads: list[torch.Tensor], lr: float, two_sided: bool, beta1=0.95, shampoo_beta=0.95,
                    adam_beta2=0.95, eps=1e-8, frequency=3) -> list[torch.Tensor]:
     """SOAP's algorithm (Vyas et al. 2024, Algorithm 3), written from the paper: the momentum in the original
@@ -192,14 +206,7 @@ def test_eigen_adam_is_soap_on_a_weight_matrix(two_sided):
     extra = {"geometric_mean_with": cols} if two_sided else {}
     opt = Symo({"w": w}, rows, preset="eigen_adam", lr=0.1, precondition_frequency=3, eps=1e-4, stats_dtype="float64",
                **extra)
-    grads, updates = [], []
-    for _ in range(10):
-        opt.zero_grad()
-        (((w - target) ** 3).sum() + (w @ w.T).square().sum()).backward()
-        grads.append(w.grad.clone())
-        before = w.detach().clone()
-        opt.step()
-        updates.append(before - w.detach())
+    grads, updates = train_matrix(opt, w, target)
     for t, (got, want) in enumerate(zip(updates, soap_reference(grads, 0.1, two_sided, eps=1e-4))):
         assert rel(got, want) < 1e-6, t
 
@@ -264,14 +271,7 @@ def test_then_orthogonalize_is_pmuon_with_an_exact_polar_factor(two_sided):
     extra = {"geometric_mean_with": cols} if two_sided else {}
     opt = Symo({"w": w}, rows, preset="then_orthogonalize", lr=0.1, precondition_frequency=2, backend="eigh",
                stats_dtype="float64", **extra)
-    grads, updates = [], []
-    for _ in range(10):
-        opt.zero_grad()
-        (((w - target) ** 3).sum() + (w @ w.T).square().sum()).backward()
-        grads.append(w.grad.clone())
-        before = w.detach().clone()
-        opt.step()
-        updates.append(before - w.detach())
+    grads, updates = train_matrix(opt, w, target)
     for t, (got, want) in enumerate(zip(updates, pmuon_reference(grads, 0.1, two_sided))):
         assert rel(got, want) < 1e-8, t
 
