@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a tiny GPT, 10 steps, to a temp dir")
     p.add_argument("--out", type=Path, default=None, help="folder of the outputs and the run cache")
     p.add_argument("--no-timing", action="store_true", help="skip the ms/step timing (report without it)")
+    p.add_argument("--skip-screen", action="store_true",
+                   help="--regime reference without waiting for the screening pass (for arms it keeps anyway)")
     args = p.parse_args(argv)
     arms = list(ARMS) if args.arms is None else args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (Path(tempfile.mkdtemp(prefix="nanogpt_matrix_")) if args.quick else RESULTS)
     cache = RegimeCaches(out, [*REGIMES])
     tunings = {(r, a): Tuning(r, setups[r], a, args.quick) for r in regimes for a in arms}
-    if "reference" in regimes and "screen" not in regimes:  # the screen's verdict, from its cached runs
+    if "reference" in regimes and "screen" not in regimes and not args.skip_screen:  # the screen's verdict
         tunings.update({("screen", a): Tuning("screen", REGIMES["screen"], a, args.quick) for a in arms})
     by_key: dict[str, Tuning] = {}
     started = time.time()
