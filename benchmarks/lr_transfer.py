@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cells[(p, None, "nanogpt")] = Cell(p, None, "nanogpt")  # trained here (shampoo)
     used = run_cells([c for c in cells.values() if c.source == "trained"], probs, args.workers, args.quick)
-    wide = [p for p in presets if (spread([cells[(p, None, q)] for q in small]) or 1.0) > SPREAD_LIMIT]
+    wide = [p for p in presets if (spread([c for (pp, _s, _q), c in cells.items() if pp == p]) or 1.0) > SPREAD_LIMIT]
     alt = {(p, s, q): Cell(p, s, q) for p in wide for s in accepted_scales(p) for q in small}
     used += run_cells(list(alt.values()), probs, args.workers, args.quick)
     shutil.rmtree(run_root, ignore_errors=True)
@@ -378,17 +378,17 @@ def markdown(data: dict) -> str:
     head = "| preset | documented lr | " + " | ".join(problems_seen) + " | within 3x |"
     rule = "|---|---:|" + "---:|" * len(problems_seen) + "---|"
     lines = ["# Learning-rate transfer: each preset's best rate over its documented one", "",
-             f"Command: `{meta['command']}` ({meta['wall_s'] / 60:.0f} min wall, {meta['runs']} runs used, "
-             f"{meta['run_seconds'] / 60:.0f} min of training in those runs, one process with one thread on "
-             "2 shared CPU cores).", "",
+             f"Command: `{meta['command']}` ({meta['runs']} runs, {meta['run_seconds'] / 60:.0f} min of training "
+             "recorded in them, one process with one thread on 2 shared CPU cores; this invocation took "
+             f"{meta['wall_s'] / 60:.0f} min, the runs its caches held were not trained again).", "",
              "Per preset and problem: a factor-3 grid of 3 rates centred on the rate the preset was documented "
              "with when this was measured (column `grid centre` below), seed 0, the benchmark's own model, data, "
              "length, schedule and metric (final test loss; the RNN's final eval MSE; nanoGPT's final validation "
              "loss); a best rate at an edge extends the grid by one point, at most twice, and `>=`/`<=` marks a "
-             "best still at an edge after that (such a cell does not count as within the goal). Symo uses each benchmark's own spec (the network's true group); "
-             "nanoGPT uses gpt_muon. paper_mlp's preset runs use a constant rate (as its tuned rows do; its "
-             "`symo` row uses the paper's decaying schedule). nanoGPT cells: see the sources below; only the "
-             "shampoo cell is trained here.", "",
+             "best still at an edge after that (such a cell does not count as within the goal). Symo uses each "
+             "benchmark's own spec (the network's true group); nanoGPT uses gpt_muon. paper_mlp's preset runs use "
+             "a constant rate (as its tuned rows do; its `symo` row uses the paper's decaying schedule). nanoGPT "
+             "cells: see the sources below; only the shampoo cell is trained here.", "",
              f"## Best rate / documented rate (goal: within {GOAL:g}x everywhere: "
              f"{'met' if data['goal_met'] else 'not met'}, {data['cells_within_goal']} of "
              f"{data['cells_measured']} cells)", "", head, rule]
