@@ -313,9 +313,9 @@ def benchmark(acts: tuple[str, ...] = ("tanh", "linear"), seeds: int = 3, steps:
 
 
 # ------------------------------------------------------------------ output
-LABELS = {"symo": "Symo, preset paper", "gd": "GD", "adam": "Adam", "shampoo": "Shampoo (two-sided)",
-          "kfac": "K-FAC", "symo_float64": "Symo, preset paper, float64", "symo_stats_float32":
-          "Symo, preset paper, stats_dtype float32", "kfac_per_point":
+LABELS = {"symo": "Symo, preset notebook", "gd": "GD", "adam": "Adam", "shampoo": "Shampoo (two-sided)",
+          "kfac": "K-FAC", "symo_float64": "Symo, preset notebook, float64", "symo_stats_float32":
+          "Symo, preset notebook, stats_dtype float32", "kfac_per_point":
           "K-FAC, per-point G (same rate, damping)", "symo_defaults": "Symo, no preset (defaults), constant lr",
           "symo_published": "Symo, preset published, constant lr"}
 
@@ -366,7 +366,7 @@ def write(results: dict, linear_fit: dict[str, list[float]], meta: dict, out: Pa
              "rate and damping were chosen for; `kfac_per_point` builds G from N times those gradients (the "
              "per-point curvature) at the same rate and damping. `symo_stats_float32` is the notebook preset with "
              "`stats_dtype=\"float32\"`.", "", "## Targets (float32, from the paper's figure)", "",
-             "| activation | Symo (preset paper) | target | measured | |", "|---|---|---:|---:|---|"]
+             "| activation | Symo (preset notebook) | target | measured | |", "|---|---|---:|---:|---|"]
     for act, t, target, value, ok in target_check(results):
         lines.append(f"| {act} | test loss after {t} updates | <= {target:.1e} | {value:.3e} | "
                      f"{'pass' if ok else 'FAIL'} |")
