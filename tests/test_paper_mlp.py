@@ -16,8 +16,9 @@ TINY = {"sizes": (6, 5, 4), "n_train": 40, "n_test": 30}
 
 
 def test_tiny_run_writes_json_md_and_png(tmp_path):
-    results = pm.benchmark(("tanh", "linear"), seeds=2, steps=3, grid=(1e-3, 3e-3, 1e-2), checkpoints=(1, 3),
-                           **TINY)
+    results = pm.benchmark(("tanh", "linear"), seeds=2, steps=3,
+                           grids={"symo_defaults": (1e-3, 3e-3, 1e-2), "symo_published": (0.03, 0.1, 0.3)},
+                           checkpoints=(1, 3), **TINY)
     fit = {act: [pm.linear_fit_test_loss(act, s, **TINY) for s in range(2)] for act in results}
     pm.write(results, fit, {"command": "test", "wall_s": 0.0, "steps": 3, "seeds": 2}, tmp_path)
     saved = json.loads((tmp_path / "paper_mlp.json").read_text())
@@ -30,7 +31,7 @@ def test_tiny_run_writes_json_md_and_png(tmp_path):
             assert len(entry["curve_mean"]) == 4 and all(map(math.isfinite, entry["curve_mean"])), (act, kind)
             assert entry["curve_mean"][-1] < entry["curve_mean"][0], (act, kind)  # every optimizer descends
     text = (tmp_path / "paper_mlp.md").read_text()
-    assert "## tanh" in text and "## linear" in text and "`symo_defaults`" in text
+    assert "## tanh" in text and "## linear" in text and "`symo_defaults`" in text and "`symo_published`" in text
     assert (tmp_path / "paper_mlp.png").stat().st_size > 0
 
 
