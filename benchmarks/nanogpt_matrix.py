@@ -4,6 +4,7 @@ at two data-to-model ratios.
     python -m benchmarks.nanogpt_matrix                 # both regimes -> benchmarks/results/nanogpt_matrix.*
     python -m benchmarks.nanogpt_matrix --regime data_rich --arms adamw,muon   # a part of the campaign
     python -m benchmarks.nanogpt_matrix --quick         # a smoke run (a tiny GPT, 10 steps), to a temp dir
+    python -m benchmarks.nanogpt_matrix --report        # train nothing: report what the run cache holds
 
 Regimes (REGIMES): `reference`, the 4-layer d_model-128 GPT at batch 32 x context 128 for 1000 steps (4.1M
 tokens for 0.80M non-embedding parameters, 0.26x Chinchilla's 20 tokens per parameter), and `data_rich`,
@@ -25,8 +26,9 @@ compile costs minutes per run and changes no number beyond rounding).
 Reported: mean +- std of the final validation loss, the paired 95% interval of the difference to Muon, steps
 to the target (the worst AdamW seed's final loss), steps to Muon's mean final loss as a ratio of Muon's own,
 and ms per step against AdamW (timed in one process, interleaved, on an idle machine). Every finished run
-goes to a run cache (nanogpt_matrix_runs.json beside the outputs): an interrupted campaign continues where
-it stopped, and a finished one rebuilds its report without training.
+goes to a run cache (nanogpt_matrix_<regime>_runs.json beside the outputs): an interrupted campaign continues
+where it stopped, and a finished one rebuilds its report without training. `--report` trains nothing and
+reports what the cache holds: finished arms in the regime tables, the others in a progress table.
 """
 
 from __future__ import annotations
@@ -317,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a tiny GPT, 10 steps, to a temp dir")
     p.add_argument("--out", type=Path, default=None, help="folder of the outputs and the run cache")
     p.add_argument("--no-timing", action="store_true", help="skip the ms/step timing (report without it)")
+    p.add_argument("--report", action="store_true",
+                   help="train nothing: the report of what the run cache holds (unfinished arms in a progress table)")
     p.add_argument("--skip-screen", action="store_true",
                    help="--regime reference without waiting for the screening pass (for arms it keeps anyway)")
     args = p.parse_args(argv)
@@ -336,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     # two phases: the screen and the data-rich regime, then the reference regime without the arms the
     # screen drops (the slowest arms first in each, so that the pool's tail is short)
     for phase in (("screen", "data_rich"), ("reference",)):
+        if args.report:
+            replay(tunings, cache, by_key, phase)
+            continue
         pool = RunPool(run_one, cache, workers=args.workers, desc=f"nanogpt_matrix {'+'.join(phase)}")
         dropped = screened_out(tunings) if phase == ("reference",) else {}
 
@@ -355,22 +362,33 @@ def main(argv: list[str] | None = None) -> int:
     if screen is not None:
         data["screen"], text = screen
         sections.append(text)
+    elif any(r == "screen" for r, _ in tunings):
+        data["screen_progress"], text = progress_section(
+            "screen", {a: t for (r, a), t in tunings.items() if r == "screen"})
+        sections.append(text)
     for r in [r for r in regimes if r in TUNED_REGIMES]:
         ready = {a: t for (rr, a), t in tunings.items() if rr == r and t.finished()}
-        if "adamw" not in ready or "muon" not in ready:
+        if "adamw" not in ready or "muon" not in ready:  # no target and no Muon to compare with yet
+            ready = {}
+        unfinished = {a: t for (rr, a), t in tunings.items() if rr == r and a not in ready}
+        if unfinished:
+            data[f"{r}_progress"], text = progress_section(r, unfinished)
+            sections.append(text)
+        if not ready:
             continue
         chosen = {a: (t.lr, t.wd) for a, t in ready.items()}
         timing_key = f"timing/{r}/" + ",".join(f"{a}={lr:g}:{wd:g}" for a, (lr, wd) in sorted(chosen.items()))
-        if timing_key not in cache and not args.no_timing:
+        if timing_key not in cache and not (args.no_timing or args.report):
             print(f"timing the optimizers ({r}, interleaved rounds) ...", flush=True)
             cache.put(timing_key, {"ms_per_step": timing(setups[r], chosen, rounds=1 if args.quick else 5)})
         ms = (cache.get(timing_key) or {}).get("ms_per_step", {})
         data[r], section = summarize(r, setups[r], ready, ms)
         sections.append(section)
     if not data:
-        print("no regime has finished AdamW and Muon yet: nothing to report")
+        print("no run in the cache yet: nothing to report")
         return 0
     command = "python -m benchmarks.nanogpt_matrix" + (" --quick" if args.quick else "") + (
+        " --report" if args.report else "") + (
         f" --regime {args.regime}" if args.regime != "all" else "") + (f" --arms {args.arms}" if args.arms else "")
     worker_minutes = sum(cache[k]["wall_s"] for k in by_key if k in cache) / 60
     md = "\n".join(["# nanoGPT: Symo's preconditioners against tuned AdamW, Muon, SOAP and PSGD-Kron", "",
@@ -393,6 +411,44 @@ PROTOCOL_NOTES = (
     "`diff to Muon` = paired 95% interval of (arm - Muon) final loss over the 3 seeds (negative: better than "
     "Muon).",
 )
+
+
+def replay(tunings: dict[tuple[str, str], Tuning], cache: RegimeCaches, by_key: dict[str, Tuning],
+           phase: tuple[str, ...]) -> None:
+    """Advance every tuning of `phase` through the runs the cache holds, training nothing (--report)."""
+    pending = [(t, job) for (regime, _), t in tunings.items() if regime in phase for job in t.first_jobs()]
+    while pending:
+        t, job = pending.pop(0)
+        by_key[job["key"]] = t
+        if job["key"] in cache:
+            pending += [(t, due) for due in t.done(job, cache[job["key"]])]
+
+
+def progress_section(regime: str, unfinished: dict[str, Tuning]) -> tuple[dict, str]:
+    """Arms not in a regime table yet (their protocol, or AdamW's or Muon's, is unfinished): stage and seed-0 runs."""
+    def stage(t: Tuning) -> str:
+        if t.finished():
+            return f"finished at lr {t.lr:g}, wd {t.wd:g} ({len(t.runs)} seed{'s' * (len(t.runs) > 1)})"
+        if t.lr is None:
+            return f"rate grid, {len(t.rates)} of {len(t.grid)} runs"
+        if t.wd is None:
+            return f"weight decay at lr {t.lr:g}, {len(t.decays)} of {len(WEIGHT_DECAYS)}"
+        return f"seeds at lr {t.lr:g}, wd {t.wd:g}: {len(t.runs)} of {t.n_seeds}"
+
+    data = {a: {"stage": stage(t), "lr": t.lr, "weight_decay": t.wd,
+                "grid": {f"{lr:g}": v for lr, v in sorted(t.rates.items())},
+                "decays": {f"{wd:g}": v for wd, v in sorted(t.decays.items())},
+                "val_finals": [r["final_val"] for r in t.seed_runs()]} for a, t in unfinished.items()}
+    lines = [f"## {regime}: in progress (seed-0 runs so far; a result once the arm's protocol, AdamW's and Muon's "
+             "have finished)", "",
+             "| arm | stage | best seed-0 final val so far | lr: final val | wd: final val |", "|---|---|---|---|---|"]
+    for a, t in sorted(unfinished.items(), key=lambda kv: min(kv[1].rates.values(), default=math.inf)):
+        best = min([*t.rates.values(), *t.decays.values()], default=None)
+        rates = ", ".join(f"{lr:g}: {v:.4f}" for lr, v in sorted(t.rates.items())) or "-"
+        decays = ", ".join(f"{wd:g}: {v:.4f}" for wd, v in sorted(t.decays.items())) or "-"
+        lines.append(f"| {ARMS[a]['label']} | {stage(t)} | {'-' if best is None else f'{best:.4f}'} | {rates} "
+                     f"| {decays} |")
+    return data, "\n".join(lines) + "\n"
 
 
 def screen_section(tunings: dict[tuple[str, str], Tuning]) -> tuple[dict, str] | None:
