@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"Command: `{command}` ({len(by_key)} runs, {worker_minutes:.0f} worker-minutes of training).",
                     "", *PROTOCOL_NOTES, "", *sections])
     write_results(out, NAME, md, {**data, "command": command, "worker_minutes": worker_minutes})
-    plot(out, {r: d for r, d in data.items() if r in TUNED_REGIMES}, tunings)
+    plot(out, data, tunings)
     print(md)
     return 0
 
@@ -525,6 +525,8 @@ def summarize(regime: str, setup: dict, ready: dict[str, Tuning], ms: dict[str, 
 
 
 def plot(out: Path, data: dict, tunings: dict) -> None:
+    """Validation curves per tuned regime: each finished arm's mean over seeds, or, while a regime is still in
+    progress, each arm's best seed-0 run so far (dashed)."""
     try:
         import matplotlib
 
@@ -532,18 +534,38 @@ def plot(out: Path, data: dict, tunings: dict) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    if not data:
+    panels = [r for r in TUNED_REGIMES if r in data or f"{r}_progress" in data]
+    if not panels:
         return
-    fig, axes = plt.subplots(1, len(data), figsize=(7 * len(data), 4.8), squeeze=False)
-    for ax, (regime, d) in zip(axes[0], data.items()):
-        for a in sorted(d["arms"], key=lambda a: d["arms"][a]["mean"]):
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.8), squeeze=False)
+    for ax, regime in zip(axes[0], panels):
+        d = data.get(regime, {"arms": {}})
+        curves = []  # (label, steps, losses, final, dashed)
+        for a in d["arms"]:
             rs = tunings[(regime, a)].seed_runs()
             steps = [s for s, _ in rs[0]["evals"]]
             mean = [statistics.mean(dict(r["evals"]).get(s, math.nan) for r in rs) for s in steps]
-            ax.plot(steps, mean, label=f"{ARMS[a]['label']} ({d['arms'][a]['mean']:.3f})", lw=1.2)
-        ax.axhline(d["muon_final"], color="gray", ls="--", lw=0.8, label="Muon's final loss")
-        ax.set_ylim(d["muon_final"] - 0.1, d["muon_final"] + 0.6)
-        ax.set_title(f"{regime}: {d['setup']['chinchilla_ratio']:.2f}x Chinchilla, mean of 3 seeds", fontsize=9)
+            final = d["arms"][a]["mean"]
+            curves.append((f"{ARMS[a]['label']} ({final:.3f})", steps, mean, final, False))
+        for a in data.get(f"{regime}_progress", {}):
+            seed0 = tunings[(regime, a)].seed0
+            if seed0:
+                best = min(seed0.values(), key=lambda r: r["final_val"])
+                steps, losses = zip(*best["evals"])
+                curves.append((f"{ARMS[a]['label']} (seed 0 so far, {best['final_val']:.3f})", steps, losses,
+                               best["final_val"], True))
+        if not curves:
+            continue
+        ax.set_prop_cycle(color=plt.cm.tab20.colors[::2] + plt.cm.tab20.colors[1::2])  # 20 distinct colours
+        for label, steps, losses, _, dashed in sorted(curves, key=lambda c: c[3]):
+            ax.plot(steps, losses, label=label, lw=1.2, ls="--" if dashed else "-")
+        floor = min(c[3] for c in curves)
+        if "muon_final" in d:
+            ax.axhline(d["muon_final"], color="gray", ls=":", lw=0.8, label="Muon's final loss")
+        ax.set_ylim(floor - 0.1, floor + 0.7)
+        ratio = (d.get("setup") or {}).get("chinchilla_ratio")
+        title = f"{regime}: {ratio:.2f}x Chinchilla, mean of 3 seeds" if ratio else f"{regime} (in progress)"
+        ax.set_title(title + "; dashed: best seed-0 run of an unfinished arm", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (nats / char)")
         ax.grid(alpha=0.3)
