@@ -7,6 +7,7 @@ attention written out by hand (softmax(q k^T / sqrt(d)) v). Tiny float64 models:
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -106,3 +107,27 @@ def test_dense_on_a_user_block_equals_attention_written_out():
     reference = torch.func.hessian(lambda w: loss(manual)(hessian.unflatten(w, params)))(
         hessian.flatten(params, list(params)))
     assert torch.allclose(hessian.dense(loss(fused), params), reference, atol=1e-12, rtol=0)
+
+
+def test_a_float32_model_given_part_of_its_parameters_gets_a_message_naming_the_fix():
+    """A user's natural first call: a subset of a float32 model's parameters (the attention block), which
+    dense casts to float64, meets the rest of the model in float32. The error says to use a float64 copy."""
+    torch.manual_seed(0)
+    model = UserAttention()
+    x, mask = torch.randn(2, 3, 4), torch.ones(3, 3, dtype=torch.bool)
+    qkv = {n: p for n, p in model.named_parameters() if n.startswith("qkv.")}
+
+    def loss_fn(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.func.functional_call(model, p, (x, mask)).square().mean()
+
+    for tool in (hessian.dense, hessian.gradient):
+        try:
+            tool(loss_fn, qkv)
+        except TypeError as exc:
+            assert "float64 copy of the model" in str(exc) and "double()" in str(exc)
+        else:
+            raise AssertionError(f"{tool.__name__} accepted a float32 model with float64 parameters")
+    double = {n: p.double() for n, p in qkv.items()}
+    model64 = copy.deepcopy(model).double()
+    h = hessian.dense(lambda p: torch.func.functional_call(model64, p, (x.double(), mask)).square().mean(), double)
+    assert h.shape == (60, 60) and torch.isfinite(h).all()

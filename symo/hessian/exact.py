@@ -28,6 +28,22 @@ def _detached(params: Tensors, dtype: torch.dtype | None = torch.float64) -> dic
     return {n: (p.detach().to(dtype) if dtype is not None else p.detach()) for n, p in params.items()}
 
 
+def _accepts_float64(loss_fn: LossFn, p: dict[str, torch.Tensor]) -> None:
+    """One plain forward with the float64 parameters, so that a loss that mixes them with float32 tensors (a
+    float32 model given a subset of its parameters) fails with a message saying what to change, not deep in
+    torch.func with a dtype mismatch."""
+    try:
+        loss_fn(p)
+    except RuntimeError as exc:
+        if "dtype" not in str(exc) and "Double" not in str(exc):
+            raise
+        raise TypeError(
+            f"loss_fn failed with the parameters in float64 ({exc}). The Hessian is taken in float64, so "
+            "everything the loss combines with them must be float64 too: call the loss on a float64 copy of the "
+            "model (copy.deepcopy(model).double() inside torch.func.functional_call) and cast the data to "
+            "float64") from exc
+
+
 def flatten(tensors: Tensors, names: list[str]) -> torch.Tensor:
     """Concatenate tensors in `names` order, each row-major (the order of `dense`)."""
     return torch.cat([tensors[n].reshape(-1) for n in names])
@@ -71,7 +87,9 @@ def hvp(loss_fn: LossFn, params: Tensors, v: Tensors) -> dict[str, torch.Tensor]
 
 def gradient(loss_fn: LossFn, params: Tensors) -> dict[str, torch.Tensor]:
     """The gradient of `loss_fn` at `params` (float64)."""
-    return torch.func.grad(loss_fn)(_detached(params))
+    p = _detached(params)
+    _accepts_float64(loss_fn, p)
+    return torch.func.grad(loss_fn)(p)
 
 
 def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tensor:
@@ -81,6 +99,7 @@ def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tens
     memory stays at chunk_size copies of the activations), then symmetrised.
     """
     p = _detached(params)
+    _accepts_float64(loss_fn, p)
     names = list(p)
     sizes = [t.numel() for t in p.values()]
     total = sum(sizes)
