@@ -17,8 +17,9 @@ lr_transfer_runs.json. paper_mlp's preset arms run at a constant rate, as its tu
 
 nanoGPT is not trained here except for the shampoo preset: the notebook and muon cells are the seed-0 grids of
 benchmarks/results/nanogpt_compare.json (factor-2 grids; the muon preset with the gpt_muon spec is Muon, whose
-row it takes), and the published, eigen_adam and then_orthogonalize cells come from the reference-size grids of
-benchmarks/results/nanogpt_matrix.json (gpt_muon arms) when that file exists, "pending" otherwise. The nanoGPT
+row it takes), and the published, eigen_adam and then_orthogonalize cells come from the screening pass of
+benchmarks/results/nanogpt_matrix.json (the same small size; gpt_muon arms) once an arm's grid has finished there,
+"pending" otherwise. The nanoGPT
 column uses the Muon-style spec gpt_muon; every other problem uses the network's true group (the benchmark's
 own Symo spec).
 
@@ -61,9 +62,9 @@ NANOGPT_SPEC = "gpt_muon"
 # nanoGPT cells taken from other results: preset -> (results file, regime or None, arm, what differs)
 NANOGPT_SOURCES = {"notebook": ("nanogpt_compare.json", None, "symo_muon_notebook", ""),
                    "muon": ("nanogpt_compare.json", None, "muon", ""),
-                   "published": ("nanogpt_matrix.json", "reference", f"symo_published_{NANOGPT_SPEC}",
+                   "published": ("nanogpt_matrix.json", "screen", f"symo_published_{NANOGPT_SPEC}",
                                  "H_inv refreshed every 10 steps"),
-                   **{k: ("nanogpt_matrix.json", "reference", f"symo_{k}_{NANOGPT_SPEC}", "")
+                   **{k: ("nanogpt_matrix.json", "screen", f"symo_{k}_{NANOGPT_SPEC}", "")
                       for k in ("eigen_adam", "then_orthogonalize")}}
 
 
@@ -235,11 +236,14 @@ def nanogpt_cell(preset: str, results: Path) -> Cell:
     if path.is_file():
         data = json.loads(path.read_text())
         entry = (data.get(regime, {}).get("arms", {}) if regime else data.get("optimizers", {})).get(arm)
+        progress = data.get(f"{regime}_progress", {}).get(arm, {}) if regime else {}
+        if entry is None and progress.get("stage", "").startswith("finished"):  # its grid is done, Muon's not yet
+            entry = progress
     if entry is None:
         cell.source = f"pending: {file} ({arm})"
         return cell
     cell.finals = {float(lr): float(v) for lr, v in entry["grid"].items()}
-    where = f"{file}, {regime} size" if regime else f"{file}, small size"
+    where = f"{file}, {regime}" + (" (small size)" if regime == "screen" else "") if regime else f"{file}, small size"
     cell.source = f"{where}, {arm}, factor-2 grid" + (f", {differs}" if differs else "")
     return cell
 

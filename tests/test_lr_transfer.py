@@ -55,10 +55,17 @@ def test_recommendation_minimises_the_worst_ratio(monkeypatch):
 
 def test_nanogpt_cells_come_from_the_results_files_or_are_pending(tmp_path):
     assert lt.nanogpt_cell("eigen_adam", tmp_path).source.startswith("pending: nanogpt_matrix.json")
-    (tmp_path / "nanogpt_matrix.json").write_text(json.dumps({"reference": {"arms": {
+    (tmp_path / "nanogpt_matrix.json").write_text(json.dumps({"screen": {"arms": {
         "symo_eigen_adam_gpt_muon": {"lr": 0.003, "grid": {"0.0015": 1.7, "0.003": 1.6, "0.006": 1.65}}}}}))
     cell = lt.nanogpt_cell("eigen_adam", tmp_path)
-    assert cell.best == 0.003 and cell.bound == "" and "reference size" in cell.source
+    assert cell.best == 0.003 and cell.bound == "" and "screen (small size)" in cell.source
+    # before Muon's screen has finished: an arm whose grid has finished counts, one still tuning does not
+    (tmp_path / "nanogpt_matrix.json").write_text(json.dumps({"screen_progress": {
+        "symo_published_gpt_muon": {"stage": "finished at lr 0.03, wd 0 (1 seed)",
+                                    "grid": {"0.015": 2.2, "0.03": 2.1, "0.06": 3.2}},
+        "symo_eigen_adam_gpt_muon": {"stage": "rate grid, 1 of 3 runs", "grid": {"0.0015": 2.4}}}}))
+    assert lt.nanogpt_cell("published", tmp_path).best == 0.03
+    assert lt.nanogpt_cell("eigen_adam", tmp_path).source.startswith("pending")
     (tmp_path / "nanogpt_compare.json").write_text(json.dumps({"optimizers": {
         "muon": {"lr": 0.02, "grid": {"0.01": 1.85, "0.02": 1.81, "0.04": 1.88}}}}))
     assert lt.nanogpt_cell("muon", tmp_path).best == 0.02
