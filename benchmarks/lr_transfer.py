@@ -54,6 +54,9 @@ GRID_CENTRE = {"published": 0.1, "notebook": 0.03, "muon": 0.02, "shampoo": 0.05
 SCALE_CENTRE = {"adamw": 3e-3, "muon": 0.02}  # the alternative update scales' grids
 FACTOR, EXTENSIONS = 3.0, 2
 GOAL, SPREAD_LIMIT = 3.0, 9.0
+# grid rates are rounded to 3 significant digits (grid_rate), so one factor-3 step measures 3 +- 0.2%:
+# ratios and spreads within this tolerance of the limits count as at them
+ROUNDING = 1.005
 PROBLEMS = ("train_mlp tanh", "train_mlp linear", "mnist_autoencoder", "rnn_train", "paper_mlp tanh",
             "paper_mlp linear", "nanogpt")
 SMALL = PROBLEMS[:-1]
@@ -313,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cells[(p, None, "nanogpt")] = Cell(p, None, "nanogpt")  # trained here (shampoo)
     used = run_cells([c for c in cells.values() if c.source == "trained"], probs, args.workers, args.quick)
-    wide = [p for p in presets if (spread([c for (pp, _s, _q), c in cells.items() if pp == p]) or 1.0) > SPREAD_LIMIT]
+    wide = [p for p in presets
+            if (spread([c for (pp, _s, _q), c in cells.items() if pp == p]) or 1.0) > SPREAD_LIMIT * ROUNDING]
     alt = {(p, s, q): Cell(p, s, q) for p in wide for s in accepted_scales(p) for q in small}
     used += run_cells(list(alt.values()), probs, args.workers, args.quick)
     shutil.rmtree(run_root, ignore_errors=True)
@@ -365,7 +369,7 @@ def summarise(cells: dict[tuple, Cell], presets: list[str], small: list[str], do
 
 def within_goal(cell: dict) -> bool:
     """best / documented within GOAL either way; a best still at a grid edge (a bound) does not count."""
-    return not cell["bound"] and abs(math.log(cell["ratio"])) <= math.log(GOAL) + 1e-9
+    return not cell["bound"] and abs(math.log(cell["ratio"])) <= math.log(GOAL * ROUNDING)
 
 
 def _ratio_text(c: dict) -> str:

@@ -92,3 +92,12 @@ def test_quick_mode_writes_the_outputs_and_a_second_run_trains_nothing(tmp_path,
     assert md.splitlines()[2].startswith("Command: `python -m benchmarks.lr_transfer --quick`")
     lt.main(["--quick", "--out", str(tmp_path)])
     assert {n: (tmp_path / n).read_text() for n in caches} == caches
+
+
+def test_a_grid_step_rounded_to_three_digits_counts_as_three_and_four_does_not():
+    """0.00333 is one factor-3 step below 0.01 on the grid (rates keep 3 significant digits): within 3x."""
+    assert lt.grid_rate(0.01 / 3) == 0.00333
+    assert lt.within_goal({"bound": "", "ratio": 0.00333 / 0.01})
+    assert lt.within_goal({"bound": "", "ratio": 0.0301 / 0.01})
+    assert not lt.within_goal({"bound": "", "ratio": 0.0025 / 0.01})
+    assert not lt.within_goal({"bound": "<=", "ratio": 1.0})

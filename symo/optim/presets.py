@@ -46,11 +46,11 @@ def _preset(name: str, lr: float, summary: str, **values: Any) -> Preset:
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
-    _preset("published", 0.1, "the published Symo step: momentum 0.9, EMA 0.99 of the debiased momentum's centred "
+    _preset("published", 0.05, "the published Symo step: momentum 0.9, EMA 0.99 of the debiased momentum's centred "
             "statistic, S_w from the weights, H_inv = S_w # S_g^{-1} damped 1e-4, float64",
             preconditioner="published", beta1=0.9, nesterov=False, beta2=0.99, damping=1e-4, damping_scope="all",
             precondition_frequency=1, stats_dtype="float64", update_scale="natural"),
-    _preset("notebook", 0.03, "the early notebooks' rule: averaged S_g^{-1/2} g of the raw gradient, no momentum, "
+    _preset("notebook", 0.01, "the early notebooks' rule: averaged S_g^{-1/2} g of the raw gradient, no momentum, "
             "exact float64 powers",
             preconditioner="root", beta1=0.0, nesterov=False, beta2=0.95, statistic="gradient", damping=0.0,
             damping_mode="relative", power=-0.5, backend="eigh", stats_dtype="float64", update_scale="natural",
