@@ -138,8 +138,6 @@ PLACEHOLDER = re.compile(r"(^|/)NAME(\.|$)")
 MOVED_PENDING = {
     "symo/optim.py": "the mutation results (benchmarks/results/mutation.*, docs/testing.md) were measured on the "
                      "optimizer when it was this one file, before the split into symo/optim/",
-    "benchmarks/results/nanogpt_matrix.*": "where benchmarks/nanogpt_matrix.py writes; its campaign's results are "
-                                           "committed when it finishes",
 }
 
 
