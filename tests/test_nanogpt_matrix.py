@@ -75,4 +75,7 @@ def test_report_replays_the_cache_and_puts_unfinished_arms_in_a_progress_table(t
     assert data["data_rich_progress"]["soap"]["stage"] == "rate grid, 2 of 3 runs"
     lo, hi = data["data_rich"]["arms"]["adamw"]["diff_to_muon_ci95"]
     assert lo > 0 and hi > 0  # the fake AdamW is worse than the fake Muon at every seed
+    # Muon's seed-mean curve reaches its own mean final loss (at the last step; two of its seeds end above it)
+    assert data["data_rich"]["arms"]["muon"]["steps_to_muon_final_ratio"] == 1.0
+    assert data["data_rich"]["arms"]["adamw"]["steps_to_muon_final_ratio"] is None
     assert "--report" in (tmp_path / "nanogpt_matrix.md").read_text()
