@@ -28,12 +28,12 @@ def _detached(params: Tensors, dtype: torch.dtype | None = torch.float64) -> dic
     return {n: (p.detach().to(dtype) if dtype is not None else p.detach()) for n, p in params.items()}
 
 
-def _accepts_float64(loss_fn: LossFn, p: dict[str, torch.Tensor]) -> None:
-    """One plain forward with the float64 parameters, so that a loss that mixes them with float32 tensors (a
-    float32 model given a subset of its parameters) fails with a message saying what to change, not deep in
-    torch.func with a dtype mismatch."""
+@contextlib.contextmanager
+def _float64_hint() -> Iterator[None]:
+    """Turn the dtype mismatch of a loss that mixes the float64 parameters with float32 tensors (a float32
+    model given a subset of its parameters) into a message saying what to change."""
     try:
-        loss_fn(p)
+        yield
     except RuntimeError as exc:
         if "dtype" not in str(exc) and "Double" not in str(exc):
             raise
@@ -87,9 +87,8 @@ def hvp(loss_fn: LossFn, params: Tensors, v: Tensors) -> dict[str, torch.Tensor]
 
 def gradient(loss_fn: LossFn, params: Tensors) -> dict[str, torch.Tensor]:
     """The gradient of `loss_fn` at `params` (float64)."""
-    p = _detached(params)
-    _accepts_float64(loss_fn, p)
-    return torch.func.grad(loss_fn)(p)
+    with _float64_hint():
+        return torch.func.grad(loss_fn)(_detached(params))
 
 
 def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tensor:
@@ -99,7 +98,6 @@ def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tens
     memory stays at chunk_size copies of the activations), then symmetrised.
     """
     p = _detached(params)
-    _accepts_float64(loss_fn, p)
     names = list(p)
     sizes = [t.numel() for t in p.values()]
     total = sum(sizes)
@@ -111,7 +109,7 @@ def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tens
         return flatten(out, names)
 
     eye = torch.eye(total, dtype=torch.float64)
-    with second_order_attention():
+    with second_order_attention(), _float64_hint():
         h = torch.func.vmap(column, chunk_size=chunk_size)(eye)
     return (h + h.T) / 2
 
