@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 from benchmarks import nanogpt_matrix as nm
 
@@ -98,3 +100,19 @@ def test_an_arm_the_screen_drops_is_listed_under_the_reference_table_not_as_unfi
     assert list(data["reference"]["dropped_by_screen"]) == ["symo_published_gpt_true"]
     assert "reference_progress" not in data  # a dropped arm is not an unfinished one
     assert "dropped by the screening pass" in (tmp_path / "nanogpt_matrix.md").read_text()
+
+
+def test_the_committed_tables_rebuild_from_the_committed_run_caches(tmp_path, monkeypatch):
+    """`python -m benchmarks.nanogpt_matrix` on the committed caches: nothing trains or is timed, and the
+    tables are the committed ones."""
+    results = Path(nm.__file__).parent / "results"
+    for regime in nm.REGIMES:
+        shutil.copy(results / f"nanogpt_matrix_{regime}_runs.json", tmp_path)
+
+    def computed(*args, **kwargs):
+        raise AssertionError("the committed cache lacks a run or a timing")
+
+    monkeypatch.setattr(nm, "run_one", computed)
+    monkeypatch.setattr(nm, "timing", computed)
+    assert nm.main(["--workers", "1", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "nanogpt_matrix.md").read_text() == (results / "nanogpt_matrix.md").read_text()
