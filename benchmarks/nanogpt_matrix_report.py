@@ -134,7 +134,8 @@ def summarize(regime: str, setup: dict, ready: dict[str, Tuning], ms: dict[str, 
              f"{setup['batch_size']}x{setup['block_size']}, {setup['steps']} steps: {tokens / 1e6:.1f}M tokens for "
              f"{n / 1e6:.2f}M non-embedding parameters ({tokens / (20 * n):.2f}x Chinchilla)", "",
              f"Target {target:.4f} (worst AdamW seed); Muon's mean final loss {muon_final:.4f}.", "",
-             "| arm | lr | wd | final val (3 seeds) | diff to Muon, 95% | steps to target | Muon-loss steps vs Muon "
+             f"| arm | lr | wd | final val ({len(runs['muon'])} seeds) | diff to Muon, 95% | steps to target "
+             "| Muon-loss steps vs Muon "
              "| time/step vs AdamW |", "|---|---|---|---|---|---|---|---|"]
     for a, s in sorted(arms.items(), key=lambda kv: kv[1]["mean"]):
         lo, hi = s["diff_to_muon_ci95"]
