@@ -137,10 +137,13 @@ def run_pool(fn: Callable[[Job], Record], jobs: Iterable[Job], cache: RunCache, 
 
 
 def interleaved_ms_per_step(setups: dict[str, tuple[Any, Any]], x: Any, y: Any, rounds: int = 5,
-                            steps: int = 4) -> dict[str, float]:
-    """Median ms of one training step (zero_grad, forward + backward of `model(x, y)[1]`, `opt.step()`) per
+                            steps: int = 4, reduce: Callable[[list[float]], float] = statistics.median
+                            ) -> dict[str, float]:
+    """ms of one training step (zero_grad, forward + backward of `model(x, y)[1]`, `opt.step()`) per
     {name: (model, optimizer)}, timed in interleaved rounds in this process (round 0 warms up), so that the
-    machine's background load hits every optimizer alike."""
+    machine's background load hits every optimizer alike. `reduce` turns the timed steps into one figure: the
+    median by default; statistics.mean where a step that refreshes a preconditioner every k steps must count
+    (then `steps` should be a multiple of k)."""
     times: dict[str, list[float]] = {name: [] for name in setups}
     for r in range(rounds + 1):
         for name, (model, opt) in setups.items():
@@ -151,7 +154,7 @@ def interleaved_ms_per_step(setups: dict[str, tuple[Any, Any]], x: Any, y: Any, 
                 opt.step()
                 if r:
                     times[name].append(time.perf_counter() - t)
-    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    return {name: 1e3 * reduce(t) for name, t in times.items()}
 
 
 def machine() -> dict[str, Any]:

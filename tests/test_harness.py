@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
+import pytest
+import torch
+
+from benchmarks import harness
 from benchmarks.harness import RunCache, RunPool, mean_std, paired_diff_ci95, run_pool, write_results
 
 CALLS: list[str] = []
@@ -49,3 +54,35 @@ def test_statistics_and_writer(tmp_path):
     assert (tmp_path / "demo").with_suffix(".md").read_text() == "# demo\n"
     data = json.loads((tmp_path / "demo").with_suffix(".json").read_text())
     assert data["a"] == 1 and data["machine"]["cpus"] >= 1
+
+
+def test_interleaved_timing_counts_a_refresh_step_in_the_mean_and_not_in_the_median(monkeypatch):
+    """A fake clock: every step takes 1 ms, and every 10th step of the refreshing optimizer 91 ms more."""
+    clock = [0.0]
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: clock[0])
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(2))
+
+        def forward(self, x, y):
+            return None, (self.w * x).sum()
+
+    class Opt:
+        def __init__(self, refresh_every: int | None) -> None:
+            self.refresh_every, self.steps = refresh_every, 0
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            pass
+
+        def step(self) -> None:
+            self.steps += 1
+            clock[0] += 1e-3 + (0.091 if self.refresh_every and self.steps % self.refresh_every == 0 else 0.0)
+
+    setups = {"plain": (Model(), Opt(None)), "refreshing": (Model(), Opt(10))}
+    x = torch.ones(2)
+    median = harness.interleaved_ms_per_step(setups, x, None, rounds=3, steps=10)
+    assert median["plain"] == median["refreshing"] == pytest.approx(1.0)
+    mean = harness.interleaved_ms_per_step(setups, x, None, rounds=3, steps=10, reduce=statistics.mean)
+    assert mean["plain"] == pytest.approx(1.0) and mean["refreshing"] == pytest.approx(10.1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 from benchmarks import nanogpt_matrix as nm
 
@@ -79,3 +81,38 @@ def test_report_replays_the_cache_and_puts_unfinished_arms_in_a_progress_table(t
     assert data["data_rich"]["arms"]["muon"]["steps_to_muon_final_ratio"] == 1.0
     assert data["data_rich"]["arms"]["adamw"]["steps_to_muon_final_ratio"] is None
     assert "--report" in (tmp_path / "nanogpt_matrix.md").read_text()
+
+
+def test_an_arm_the_screen_drops_is_listed_under_the_reference_table_not_as_unfinished(tmp_path):
+    cache = {}
+    for regime, arm, optimum, floor in (("screen", "muon", 0.02, 1.8), ("screen", "symo_published_gpt_true", 0.03, 2.5),
+                                        ("reference", "adamw", 4e-3, 1.7), ("reference", "muon", 0.02, 1.5)):
+        t = nm.Tuning(regime, nm.REGIMES[regime], arm, quick=False)
+        for job in drive(t, optimum, floor=floor):
+            cache[job["key"]] = {**fake_run(job, optimum, floor=floor), "arm": arm}
+    for regime in ("screen", "reference"):
+        runs = {k: v for k, v in cache.items() if k.startswith(regime + "/")}
+        (tmp_path / f"nanogpt_matrix_{regime}_runs.json").write_text(json.dumps(runs))
+    arms = "adamw,muon,symo_published_gpt_true"
+    assert nm.main(["--regime", "reference", "--arms", arms, "--report", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "nanogpt_matrix.json").read_text())
+    assert set(data["reference"]["arms"]) == {"adamw", "muon"}
+    assert list(data["reference"]["dropped_by_screen"]) == ["symo_published_gpt_true"]
+    assert "reference_progress" not in data  # a dropped arm is not an unfinished one
+    assert "dropped by the screening pass" in (tmp_path / "nanogpt_matrix.md").read_text()
+
+
+def test_the_committed_tables_rebuild_from_the_committed_run_caches(tmp_path, monkeypatch):
+    """`python -m benchmarks.nanogpt_matrix` on the committed caches: nothing trains or is timed, and the
+    tables are the committed ones."""
+    results = Path(nm.__file__).parent / "results"
+    for regime in nm.REGIMES:
+        shutil.copy(results / f"nanogpt_matrix_{regime}_runs.json", tmp_path)
+
+    def computed(*args, **kwargs):
+        raise AssertionError("the committed cache lacks a run or a timing")
+
+    monkeypatch.setattr(nm, "run_one", computed)
+    monkeypatch.setattr(nm, "timing", computed)
+    assert nm.main(["--workers", "1", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "nanogpt_matrix.md").read_text() == (results / "nanogpt_matrix.md").read_text()

@@ -1,0 +1,157 @@
+"""The nanoGPT campaign's regimes and arms (benchmarks/nanogpt_matrix.py), and one run of an arm: its
+optimizer, its training in a worker process, and the interleaved timing of the chosen configurations."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import interleaved_ms_per_step
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+NAME = "nanogpt_matrix"
+COMMON = {"batch_size": 32, "block_size": 128, "steps": 1000, "eval_interval": 20, "eval_batches": 4,
+          "warmup": 20, "adamw_lr": 3e-3}
+REGIMES: dict[str, dict[str, Any]] = {
+    "reference": dict(COMMON, n_layer=4, n_head=4, n_embd=128),
+    "data_rich": dict(COMMON, n_layer=2, n_head=4, n_embd=64),
+    # the screening pass: the reference model at a quarter of its tokens per step and half its steps
+    "screen": dict(COMMON, n_layer=4, n_head=4, n_embd=128, batch_size=16, block_size=64, steps=500),
+}
+TUNED_REGIMES = ("reference", "data_rich")
+QUICK = {"batch_size": 4, "block_size": 16, "steps": 10, "eval_interval": 5, "eval_batches": 1, "warmup": 2,
+         "adamw_lr": 3e-3, "n_layer": 1, "n_head": 2, "n_embd": 32}
+
+# arm -> how it is built and its starting learning-rate grid (hidden matrices; AdamW: every parameter)
+ARMS: dict[str, dict[str, Any]] = {
+    "adamw": {"kind": "adamw", "grid": [2e-3, 4e-3, 8e-3], "label": "AdamW"},
+    "muon": {"kind": "muon", "grid": [0.01, 0.02, 0.04], "label": "Muon"},
+    "soap": {"kind": "heavyball", "class": "SOAP", "grid": [1.5e-3, 3e-3, 6e-3], "label": "SOAP (heavyball)"},
+    "kron": {"kind": "heavyball", "class": "PSGDKron", "grid": [5e-4, 1e-3, 2e-3],
+             "label": "PSGD-Kron (heavyball)"},
+    "symo_defaults_gpt_muon": {"kind": "symo", "spec": "gpt_muon", "options": {"update_scale": "muon"},
+                               "grid": [0.01, 0.02, 0.04], "label": "Symo defaults, gpt_muon"},
+    "symo_defaults_gpt_true": {"kind": "symo", "spec": "gpt_true", "options": {"update_scale": "muon"},
+                               "grid": [0.01, 0.02, 0.04], "label": "Symo defaults, gpt_true"},
+    **{f"symo_{kind}_{spec}": {"kind": "symo", "spec": spec, "options": options, "grid": grid,
+                              "label": f"Symo {kind}, {spec}"}
+       for kind, options, grid in (
+           # the published step with H_inv refreshed every 10 steps (every step costs 5-20x Muon's step here)
+           ("published", {"preset": "published", "precondition_frequency": 10}, [0.015, 0.03, 0.06]),
+           ("eigen_adam", {"preset": "eigen_adam"}, [1.5e-3, 3e-3, 6e-3]),
+           ("then_orthogonalize", {"preset": "then_orthogonalize"}, [0.01, 0.02, 0.04]))
+       for spec in ("gpt_true", "gpt_muon")},
+}
+
+
+
+# ------------------------------------------------------------------ one run (in a worker process)
+def build(arm: dict, model: Any, lr: float, wd: float, adamw_lr: float, n_embd: int, n_head: int) -> Any:
+    """The arm's optimizer for `model` (a symo.train GPT)."""
+    import torch
+
+    from symo.train.muon import Muon, is_hidden_matrix
+
+    named = list(model.named_parameters())
+    if arm["kind"] == "adamw":
+        return torch.optim.AdamW([p for _, p in named], lr=lr, betas=(0.9, 0.95), weight_decay=wd)
+    if arm["kind"] == "muon":
+        return Muon(named, lr=lr, weight_decay=wd, adamw_lr=adamw_lr)
+    if arm["kind"] == "heavyball":
+        import heavyball  # the baseline library, a benchmark dependency (the bench extra)
+        import heavyball.utils
+
+        heavyball.utils.compile_mode = None
+        hidden = [p for n, p in named if is_hidden_matrix(n, p)]
+        rest = [p for n, p in named if not is_hidden_matrix(n, p)]
+        return Chained(getattr(heavyball, arm["class"])(hidden, lr=lr, weight_decay=wd),
+                       torch.optim.AdamW(rest, lr=adamw_lr, betas=(0.9, 0.95), weight_decay=0.0))
+    import symo
+
+    spec = symo.load_spec(arm["spec"])
+    sizes = {s.name: n_embd // n_head for s in spec.spaces if s.per and s.size is None} or None
+    return symo.Symo(named, spec, lr=lr, sizes=sizes, weight_decay=wd, adamw_lr=adamw_lr, **arm.get("options", {}))
+
+
+class Chained:
+    """Two torch optimizers stepped as one (a baseline on the hidden matrices, AdamW on the rest): one list
+    of param groups, so the training loop's schedule scales both."""
+
+    def __init__(self, *optimizers: Any) -> None:
+        self.optimizers = optimizers
+        self.param_groups = [g for o in optimizers for g in o.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for o, s in zip(self.optimizers, state["optimizers"], strict=True):
+            o.load_state_dict(s)
+
+
+def run_one(job: dict) -> dict:
+    """One training run (1 thread)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from symo.train import TrainConfig, train
+
+    setup, arm = job["setup"], ARMS[job["arm"]]
+    out_dir = Path(tempfile.mkdtemp(prefix="nanogpt_matrix_run_"))
+    cfg = TrainConfig(optimizer="adamw", lr=job["lr"], seed=job["seed"], progress=False, sample_chars=0,
+                      out_dir=str(out_dir), **{k: setup[k] for k in ("steps", "batch_size", "block_size", "n_layer",
+                                                                      "n_head", "n_embd", "eval_interval",
+                                                                      "eval_batches", "warmup")})
+    t = time.perf_counter()
+    res = train(cfg, optimizer_factory=lambda model: build(arm, model, job["lr"], job["wd"], setup["adamw_lr"],
+                                                           setup["n_embd"], setup["n_head"]))
+    h = res["history"]
+    evals = [(int(s), v) for s, v in zip(h["step"], h["val_loss"]) if not math.isnan(v)]
+    import shutil
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return {"arm": job["arm"], "regime": job["regime"], "lr": job["lr"], "wd": job["wd"], "seed": job["seed"],
+            "final_val": res["final_val"], "evals": evals, "ms_per_step_in_run": res["ms_per_step"],
+            "wall_s": time.perf_counter() - t}
+
+
+def job_for(regime: str, setup: dict, arm: str, lr: float, wd: float, seed: int) -> dict:
+    size = "x".join(str(setup[k]) for k in ("n_layer", "n_embd", "n_head", "batch_size", "block_size", "steps"))
+    return {"key": f"{regime}/{size}/{arm}/lr{lr:g}/wd{wd:g}/seed{seed}", "regime": regime, "setup": setup,
+            "arm": arm, "lr": lr, "wd": wd, "seed": seed}
+
+
+# ------------------------------------------------------------------ timing (after training, one process)
+def timing(setup: dict, chosen: dict[str, tuple[float, float]], rounds: int = 5, steps: int = 10) -> dict[str, float]:
+    """Mean ms per (forward + backward + step) per arm at its chosen (lr, wd): interleaved rounds of 10 steps,
+    1 thread. The mean over whole rounds, because the kinds refresh their preconditioners every 10 steps (SOAP
+    every 2; PSGD-Kron updates its preconditioner at every step of a run this short) and a median would leave
+    the refresh out."""
+    import torch
+
+    torch.set_num_threads(1)
+    from symo.train.data import load_corpus
+    from symo.train.models import GPT, GPTConfig
+
+    corpus = load_corpus(None)
+    x, y = corpus.batch("train", 0, setup["batch_size"], setup["block_size"], 0)
+    setups = {}
+    for arm, (lr, wd) in chosen.items():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(block_size=setup["block_size"], vocab_size=corpus.vocab_size, n_layer=setup["n_layer"],
+                              n_head=setup["n_head"], n_embd=setup["n_embd"]))
+        setups[arm] = (model, build(ARMS[arm], model, lr, wd, setup["adamw_lr"], setup["n_embd"], setup["n_head"]))
+    return interleaved_ms_per_step(setups, x, y, rounds, steps, reduce=statistics.mean)
