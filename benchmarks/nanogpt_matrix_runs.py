@@ -34,6 +34,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "soap": {"kind": "heavyball", "class": "SOAP", "grid": [1.5e-3, 3e-3, 6e-3], "label": "SOAP (heavyball)"},
     "kron": {"kind": "heavyball", "class": "PSGDKron", "grid": [5e-4, 1e-3, 2e-3],
              "label": "PSGD-Kron (heavyball)"},
+    # the authors' SOAP as pytorch-optimizer ports it (its defaults: betas 0.95, refresh every 10)
+    "soap_authors": {"kind": "pytorch_optimizer", "class": "SOAP", "grid": [1.5e-3, 3e-3, 6e-3],
+                     "label": "SOAP (pytorch-optimizer, the authors' algorithm)"},
     "symo_defaults_gpt_muon": {"kind": "symo", "spec": "gpt_muon", "options": {"update_scale": "muon"},
                                "grid": [0.01, 0.02, 0.04], "label": "Symo defaults, gpt_muon"},
     "symo_defaults_gpt_true": {"kind": "symo", "spec": "gpt_true", "options": {"update_scale": "muon"},
@@ -44,7 +47,11 @@ ARMS: dict[str, dict[str, Any]] = {
            # the published step with H_inv refreshed every 10 steps (every step costs 5-20x Muon's step here)
            ("published", {"preset": "published", "precondition_frequency": 10}, [0.015, 0.03, 0.06]),
            ("eigen_adam", {"preset": "eigen_adam"}, [1.5e-3, 3e-3, 6e-3]),
-           ("then_orthogonalize", {"preset": "then_orthogonalize"}, [0.01, 0.02, 0.04]))
+           ("then_orthogonalize", {"preset": "then_orthogonalize"}, [0.01, 0.02, 0.04]),
+           ("soap", {"preset": "soap"}, [1.5e-3, 3e-3, 6e-3]),
+           # SOAP-Muon: the polar factor of SOAP's direction, both sides from one spec, Muon's scale
+           ("soap_muon", {"preset": "then_orthogonalize", "inner": "eigen_adam", "gamma": None, "two_sided": True},
+            [0.01, 0.02, 0.04]))
        for spec in ("gpt_true", "gpt_muon")},
 }
 
@@ -62,6 +69,13 @@ def build(arm: dict, model: Any, lr: float, wd: float, adamw_lr: float, n_embd: 
         return torch.optim.AdamW([p for _, p in named], lr=lr, betas=(0.9, 0.95), weight_decay=wd)
     if arm["kind"] == "muon":
         return Muon(named, lr=lr, weight_decay=wd, adamw_lr=adamw_lr)
+    if arm["kind"] == "pytorch_optimizer":
+        import pytorch_optimizer  # the baseline library, a benchmark dependency (the bench extra)
+
+        hidden = [p for n, p in named if is_hidden_matrix(n, p)]
+        rest = [p for n, p in named if not is_hidden_matrix(n, p)]
+        return Chained(getattr(pytorch_optimizer, arm["class"])(hidden, lr=lr, weight_decay=wd),
+                       torch.optim.AdamW(rest, lr=adamw_lr, betas=(0.9, 0.95), weight_decay=0.0))
     if arm["kind"] == "heavyball":
         import heavyball  # the baseline library, a benchmark dependency (the bench extra)
         import heavyball.utils

@@ -3,8 +3,9 @@
 - published: the published Symo step on the dense matrices of a small MLP, with the group's first- and
   second-order orbit averages computed by enumerating every element of the group (no Symo code), over ten
   steps, on a model whose S_w is rank-deficient and which has parameters the group leaves fixed;
-- eigen_adam: SOAP (Q_L^T G Q_R, Adam there, Q_L N' Q_R^T) on a weight matrix with the row and column specs,
-  and its one-sided form with one spec;
+- eigen_adam with its older conventions (`LEGACY`: the first step taken, this step's statistic folded before the
+  rotation, a fresh eigh, null directions dropped, Adam's eps) on a weight matrix with the row and column specs,
+  and its one-sided form with one spec (SOAP itself is tested against the libraries in tests/test_soap.py);
 - then_orthogonalize: PMuon, polar(L^-gamma M R^-gamma) with EMA covariances of the raw gradient, with the exact
   polar factor;
 - every kind: a change of the power (or beta2) and of the learning rate in the middle of a run takes effect at
@@ -23,6 +24,7 @@ from helpers import rel
 
 import symo
 from symo.optim import Symo
+from symo.optim.bases import Eigh
 
 F64 = torch.float64
 
@@ -150,7 +152,11 @@ def test_published_damping_scope_block_damps_each_layer_on_its_own_scale():
     assert rel(first_step("all", 1e3), first_step("all", 1.0)) > 1e-2
 
 
-# ------------------------------------------------------------------ eigen_adam: SOAP
+# ------------------------------------------------------------------ eigen_adam: its older conventions
+LEGACY = {"first_step": "update", "statistic_timing": "before", "refresh": Eigh(), "null_directions": "drop",
+          "eps_placement": "adam", "max_precond_dim": 2048}
+
+
 def train_matrix(opt: Symo, w: torch.nn.Parameter, target: torch.Tensor, steps: int = 10
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Ten steps on a fixed non-quadratic loss of one weight matrix: its gradients and its updates."""
@@ -165,12 +171,12 @@ def train_matrix(opt: Symo, w: torch.nn.Parameter, target: torch.Tensor, steps: 
     return grads, updates
 
 
-def soap_reference(grads: list[torch.Tensor], lr: float, two_sided: bool, beta1=0.95, shampoo_beta=0.95,
-                   adam_beta2=0.95, eps=1e-8, frequency=3) -> list[torch.Tensor]:
-    """SOAP's algorithm (Vyas et al. 2024, Algorithm 3), written from the paper: the momentum in the original
-    space, L and R EMAs of G G^T and G^T G, their eigenbases every `frequency` steps (from the first step on),
-    Adam's second moment of Q_L^T G Q_R, N = Q_L (M' / (sqrt(V) + eps)) Q_R^T with Adam's bias corrections.
-    Returns the updates (one per step, lr included)."""
+def legacy_reference(grads: list[torch.Tensor], lr: float, two_sided: bool, beta1=0.95, shampoo_beta=0.95,
+                     adam_beta2=0.95, eps=1e-8, frequency=3) -> list[torch.Tensor]:
+    """eigen_adam's older conventions, written out (they are not SOAP's: tests/test_soap.py runs SOAP itself):
+    the momentum in the original space, L and R EMAs of G G^T and G^T G including this step's, their eigenbases
+    by a fresh eigh every `frequency` steps from the first step on, Adam's second moment of Q_L^T G Q_R,
+    N = Q_L (M' / (sqrt(V) + eps)) Q_R^T with Adam's bias corrections. Returns the updates (lr included)."""
     m, n = grads[0].shape
     mom = torch.zeros(m, n, dtype=F64)
     left, right = torch.zeros(m, m, dtype=F64), torch.zeros(n, n, dtype=F64)
@@ -193,7 +199,7 @@ def soap_reference(grads: list[torch.Tensor], lr: float, two_sided: bool, beta1=
 
 
 @pytest.mark.parametrize("two_sided", [True, False])
-def test_eigen_adam_is_soap_on_a_weight_matrix(two_sided):
+def test_eigen_adam_legacy_conventions_on_a_weight_matrix(two_sided):
     """A 4 x 4 weight (one-sided: 6 x 4), so that every statistic has full rank from the first step on. On the
     first step the rotated gradient Q_L^T G Q_R is G's own singular values (the bases are G's singular
     vectors), and its off-diagonal entries are rounding noise (~1e-13) that Adam divides by eps: two correct
@@ -205,20 +211,20 @@ def test_eigen_adam_is_soap_on_a_weight_matrix(two_sided):
     cols = symo.parse_spec('[spaces]\nc = "signed_perm"\n[params]\nw = ["_", "c"]\n')
     extra = {"geometric_mean_with": cols} if two_sided else {}
     opt = Symo({"w": w}, rows, preset="eigen_adam", lr=0.1, precondition_frequency=3, eps=1e-4, stats_dtype="float64",
-               **extra)
+               **extra, **LEGACY)
     grads, updates = train_matrix(opt, w, target)
-    for t, (got, want) in enumerate(zip(updates, soap_reference(grads, 0.1, two_sided, eps=1e-4))):
+    for t, (got, want) in enumerate(zip(updates, legacy_reference(grads, 0.1, two_sided, eps=1e-4))):
         assert rel(got, want) < 1e-6, t
 
 
-def test_eigen_adam_moves_nothing_where_the_statistic_is_zero():
+def test_eigen_adam_drop_moves_nothing_where_the_statistic_is_zero():
     """A 6 x 4 gradient: G G^T has rank 4 of 6, and its two null directions hold only rounding noise, which
-    eigen_adam leaves out (Adam would divide it by eps): the first update lies in G's column space."""
+    null_directions="drop" leaves out (Adam would divide it by eps): the first update lies in G's column space."""
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(6, 4, dtype=F64))
     rows = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
     cols = symo.parse_spec('[spaces]\nc = "signed_perm"\n[params]\nw = ["_", "c"]\n')
-    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=1.0, geometric_mean_with=cols, stats_dtype="float64")
+    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=1.0, geometric_mean_with=cols, stats_dtype="float64", **LEGACY)
     w.grad = 1e3 * torch.randn(6, 4, dtype=F64)
     before = w.detach().clone()
     opt.step()
@@ -340,12 +346,13 @@ def test_options_of_another_kind_are_refused_with_the_kinds_that_have_them():
 # ------------------------------------------------------------------ the size cap
 def test_above_max_precond_dim_eigen_adam_is_adam_and_root_is_diagonal():
     """A block whose multiplicity exceeds max_precond_dim keeps only the diagonal of its statistic: eigen_adam
-    there is torch's Adam (the identity basis), root applies (diag A + damping lambda_max)^power elementwise."""
+    there is torch's Adam (the identity basis; with the first step taken and Adam's eps), root applies
+    (diag A + damping lambda_max)^power elementwise."""
     torch.manual_seed(0)
     rows = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
     w = torch.nn.Parameter(torch.randn(6, 4, dtype=F64))
     twin = torch.nn.Parameter(w.detach().clone())
-    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=0.01, max_precond_dim=3, stats_dtype="float64")
+    opt = Symo({"w": w}, rows, preset="eigen_adam", lr=0.01, stats_dtype="float64", **{**LEGACY, "max_precond_dim": 3})
     adam = torch.optim.Adam([twin], lr=0.01, betas=(0.95, 0.95), eps=1e-8)
     for _ in range(5):
         for p, o in ((w, opt), (twin, adam)):
@@ -353,7 +360,7 @@ def test_above_max_precond_dim_eigen_adam_is_adam_and_root_is_diagonal():
             (p ** 3).sum().backward()
             o.step()
     assert rel(w.detach(), twin.detach()) < 1e-12
-    assert set(opt.block_statistics()["L0"]) == {"step", "exp_avg_sq"}
+    assert set(opt.block_statistics()["L0"]) == {"step", "exp_avg_sq", "adam_step"}
 
     v = torch.nn.Parameter(torch.randn(6, 4, dtype=F64))
     start = v.detach().clone()

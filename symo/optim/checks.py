@@ -25,12 +25,14 @@ GROUP_KEYS = ("lr", "beta1", "nesterov", "weight_decay", "adamw_lr", "adamw_beta
 
 _FLOATS = ("beta1", "beta2", "damping", "power", "weight_decay", "adamw_rms")
 _OPTIONAL_FLOATS = ("gamma", "adam_beta2", "eps")  # None: the kind's default
-_INTS = ("precondition_frequency", "eigh_max_size", "ns_steps", "ns_inverse_steps")
-_BOOLS = ("nesterov", "check_finite", "compile")
+_INTS = ("precondition_frequency", "eigh_max_size", "ns_steps", "ns_inverse_steps", "max_precond_dim")
+_BOOLS = ("nesterov", "check_finite", "compile", "two_sided")
 _CHOICES = {"statistic": ("momentum", "gradient"), "damping_mode": ("relative", "absolute"),
             "update_scale": ("natural", "muon", "adamw"), "backend": ("auto", "eigh", "newton_schulz"),
             "ns_method": ("auto", "iterate", "spectral"), "stats_dtype": ("auto", "float64", "float32"),
-            "damping_scope": ("all", "block"), "inner": ("root", "eigen_adam")}
+            "damping_scope": ("all", "block"), "inner": ("root", "eigen_adam"), "first_step": ("skip", "update"),
+            "statistic_timing": ("after", "before"), "null_directions": ("keep", "drop"),
+            "eps_placement": ("authors", "adam", "clamp")}
 
 
 def _is_real(x: object) -> bool:

@@ -52,7 +52,9 @@ class Symo(torch.optim.Optimizer):
             dicts with "params": [(name, param), ...] plus any of `GROUP_KEYS`.
         spec: a spec path or bundled name, a parsed `Spec`, or a `CompiledSpec` (compiled here for the shapes).
         lr: learning rate of the covered parameters (see `UpdateConfig.update_scale` for its scale);
-            None: the preset's recommended rate, or 1e-3 without a preset.
+            None: the preset's recommended rate, or 1e-3 without a preset, at the default natural scale (a
+            full-rank block moves 1e-3 RMS per entry, as Adam's rate does). `symo train`'s default 0.02 is at
+            update_scale="muon", lr / sqrt(cols) per entry: 1.8e-3 on its 128-wide GPT.
         config: a `SymoConfig`; keyword `overrides` (flat option names, feature configs such as
             `momentum=MomentumConfig(...)`, or `preconditioner=` a kind name or its config) replace its values.
         preset: a name of `symo.PRESETS` ("published", "notebook", "muon", "shampoo", "eigen_adam",
@@ -186,11 +188,13 @@ class Symo(torch.optim.Optimizer):
         states a kind changes are journaled and put back if the step raises."""
         names, params, grads, bufs, betas, nesterovs = [], [], [], [], [], []
         local = (lambda t: t) if self.distributor is None else self.distributor.local  # a shard's own part
+        fresh = True  # no covered parameter has stepped before (a kind that skips its first step skips this one)
         for group in groups:
             for n, p in zip(group["param_names"], group["params"]):
                 if p.grad is None:
                     continue
                 st = self.state[p]
+                fresh = fresh and "momentum_buffer" not in st
                 if "momentum_buffer" not in st:
                     st["momentum_buffer"] = torch.zeros_like(p, dtype=moment_dtype(p.dtype))
                 names.append(n)
@@ -201,7 +205,8 @@ class Symo(torch.optim.Optimizer):
                 nesterovs.append(group["nesterov"])
         if not names:
             return
-        ctx = StepContext(self.stats_dtype, shared_beta1(betas), len(self.plan), params[0].device)
+        ctx = StepContext(self.stats_dtype, shared_beta1(betas), len(self.plan), params[0].device,
+                          statistics_only=fresh and self.kind.skips_first_step)
         d = self.distributor
         if d is None and self.kind.name == "polar" and self.config.compile:
             if self._compiled_step is None:
@@ -238,6 +243,8 @@ class Symo(torch.optim.Optimizer):
                 raise
             if d is not None:
                 updates = d.from_owners(names, updates, us)
+        if ctx.statistics_only:  # the statistics are kept; the momentum and the parameters start at the next step
+            return
         for p, buf, new in zip(params, bufs, new_bufs):
             if self.distributor is None:  # the new tensor becomes the buffer (no copy)
                 self.state[p]["momentum_buffer"] = new
@@ -344,7 +351,7 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
     like = next(iter(vectors["u"].values()))
     carried = {key: vectors[key] for key in kind.carried}
     stat_key = kind.statistic_key()
-    visited: set[int] = set()
+    visited: dict[int, list[BlockStep]] = {}  # stage -> its blocks on the first visit
     scratch: dict[tuple[int, str], dict[str, Any]] = {}
     moved = False  # whether the carried vectors are still the raw ones
     for k, direction in kind.passes(len(plan)):
@@ -352,7 +359,6 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
         comp = stage.compiled
         coords = {key: comp.gather(with_zeros(comp, v, like)) for key, v in carried.items()}
         first = k not in visited
-        visited.add(k)
         stats = weight = None
         if first:
             raw_is_carried = not moved and stat_key in coords
@@ -372,6 +378,8 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
                 None if stats is None else stats[b.id],
                 None if weight is None else (lambda bid=b.id, weight=weight: weight()[bid]),
                 scratch.setdefault((k, b.id), {})))
+        if first:
+            visited[k] = steps
         try:
             if first and steps:
                 kind.update(k, steps, ctx)
@@ -387,6 +395,12 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
                 zs.setdefault(key, {})[s.plan.id] = out[key]
         carried = {key: comp.scatter({bid: z for bid, z in zs.get(key, {}).items()}) for key in keys}
         moved = True
+    for k, steps in visited.items():
+        if steps:
+            try:
+                kind.after_step(k, steps, ctx)
+            except torch.linalg.LinAlgError as err:
+                raise linalg_failure(kind, plan[k].compiled, vectors, err) from err
     return carried["u"]
 
 

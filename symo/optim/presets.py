@@ -16,9 +16,12 @@ and every value that differs from it.
 - shampoo: a running sum (beta2 = 1) of the block statistics of the raw gradient, started from epsilon I
   (absolute damping 1e-8, Shampoo's epsilon), exact inverse square root by eigh, no momentum: one-sided
   Shampoo on the spec's blocks (two-sided: `geometric_mean_with=` a second spec).
-- eigen_adam: Adam in each block's curvature eigenbasis with SOAP's settings (betas 0.95, statistic EMA 0.95,
-  eigenbasis refreshed every 10 steps, statistics in float32 as SOAP keeps them: an eigenbasis needs no
-  float64, and the per-step products cost half).
+- eigen_adam: Adam in each block's curvature eigenbasis (the multiplicity side, which the group leaves free) with
+  SOAP's conventions and settings (betas 0.95, statistic EMA 0.95, first step skipped, bases from earlier
+  gradients, refreshed by one power iteration and QR every 10 steps, statistics in float32 as SOAP keeps them).
+- soap: SOAP itself on every block: eigen_adam with `two_sided=True`, so each block's other side (the one the
+  group moves) gets its own Kronecker factor from the same spec; on a Muon-style spec it is the authors' SOAP
+  on every weight matrix, with their defaults.
 - then_orthogonalize: PMuon's rule, polar(S^{-0.3} u) with Muon's momentum and scale, the statistic an EMA
   (0.95) of the raw gradient's block statistics, refreshed every 10 steps, in float32 (the mild -0.3 power
   with relative damping 1e-6 needs no float64).
@@ -66,6 +69,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "eigenbasis every 10 steps)",
             preconditioner="eigen_adam", beta1=0.95, nesterov=False, beta2=0.95, adam_beta2=0.95, eps=1e-8,
             statistic="gradient", precondition_frequency=10, stats_dtype="float32", update_scale="natural"),
+    _preset("soap", 3e-3, "SOAP (Vyas et al. 2024) on every block, both sides from one spec: the authors' algorithm "
+            "and defaults (betas 0.95, shampoo_beta 0.95, eps 1e-8, QR refresh every 10 steps, first step skipped)",
+            preconditioner="eigen_adam", two_sided=True, beta1=0.95, nesterov=False, beta2=0.95, adam_beta2=0.95,
+            eps=1e-8, statistic="gradient", precondition_frequency=10, max_precond_dim=10000, first_step="skip",
+            statistic_timing="after", null_directions="keep", eps_placement="authors", stats_dtype="float32",
+            update_scale="natural"),
     _preset("then_orthogonalize", 0.02, "PMuon: polar(S^-0.3 u), Muon's momentum and scale, EMA 0.95 of the "
             "gradient's statistic every 10 steps",
             preconditioner="then_orthogonalize", inner="root", gamma=0.3, beta1=0.95, nesterov=True, beta2=0.95,

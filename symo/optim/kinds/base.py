@@ -182,6 +182,9 @@ class StepContext:
     momentum need one value)."""
     n_stages: int
     device: torch.device
+    statistics_only: bool = False
+    """This step only builds the statistics and factors; the update is discarded (a kind that skips its first
+    step, as SOAP does: `Kind.skips_first_step`)."""
 
 
 @dataclass
@@ -215,6 +218,9 @@ class Kind:
     stateful: ClassVar[bool] = True
     update_scales: ClassVar[tuple[str, ...]] = ("natural", "muon", "adamw")
     """The update scales this kind's result has a meaning under (update_scale is refused otherwise)."""
+    skips_first_step: bool = False
+    """The optimizer's first step only builds this kind's statistics: no update, no weight decay, and the momentum
+    starts at the second step (SOAP)."""
 
     def __init__(self, config: Any) -> None:
         self.config = config  # the optimizer's SymoConfig (its `preconditioner` is this kind's config)
@@ -257,6 +263,9 @@ class Kind:
               ) -> list[dict[str, torch.Tensor]]:
         """Each block's new coordinates of the carried vectors (the keys returned are carried on)."""
         raise NotImplementedError
+
+    def after_step(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
+        """After every pass of the step: fold statistics that must not see this step's rotation (SOAP's order)."""
 
     def check(self, n_stages: int) -> None:
         """Refuse, at construction, what this kind cannot do (a message naming the option)."""

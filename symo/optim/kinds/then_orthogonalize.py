@@ -30,7 +30,7 @@ from .base import (
     finish,
     update_scale_factor,
 )
-from .eigen_adam import EigenAdam
+from .eigen_adam import EigenAdam, EigenAdamConfig
 from .root import Root
 
 DEFAULT_GAMMA, DEFAULT_ADAM_BETA2, DEFAULT_EPS = 0.3, 0.95, 1e-8
@@ -53,6 +53,8 @@ class ThenOrthogonalizeConfig(AveragedOptions, DampingOptions, NewtonSchulzOptio
     precondition_frequency: int = 10
     geometric_mean_with: object = None
     """A second spec: both sides preconditioned (PMuon's L^-gamma M R^-gamma; SOAP's Q_L, Q_R)."""
+    two_sided: bool = False
+    """inner="eigen_adam": both sides of each block rotated, from one spec (SOAP-Muon)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -60,6 +62,7 @@ class ThenOrthogonalizeConfig(AveragedOptions, DampingOptions, NewtonSchulzOptio
             (self.inner in ("root", "eigen_adam"), f"inner must be 'root' or 'eigen_adam', got {self.inner!r}"),
             (self.inner == "root" or self.gamma is None,
              "gamma is the power of inner='root'; inner='eigen_adam' does not use it"),
+            (self.inner == "eigen_adam" or not self.two_sided, "two_sided is an option of inner='eigen_adam'"),
             (self.inner == "eigen_adam" or (self.adam_beta2 is None and self.eps is None),
              "adam_beta2 and eps are options of inner='eigen_adam'; inner='root' does not use them"),
             (self.gamma is None or 0.0 < self.gamma <= 1.0, f"gamma must be in (0, 1], got {self.gamma}"),
@@ -85,11 +88,11 @@ class ThenOrthogonalize(Kind):
                 precondition_frequency=o.precondition_frequency, power=None, backend="eigh", eigh_max_size=0,
                 ns_inverse_steps=1, geometric_mean_with=o.geometric_mean_with, max_precond_dim=o.max_precond_dim)
             return Root(view)
-        view.preconditioner = SimpleNamespace(
+        view.preconditioner = EigenAdamConfig(
             statistic=o.statistic, beta2=o.beta2, precondition_frequency=o.precondition_frequency,
             adam_beta2=DEFAULT_ADAM_BETA2 if o.adam_beta2 is None else o.adam_beta2,
             eps=DEFAULT_EPS if o.eps is None else o.eps, geometric_mean_with=o.geometric_mean_with,
-            max_precond_dim=o.max_precond_dim)
+            max_precond_dim=o.max_precond_dim, two_sided=o.two_sided)
         return EigenAdam(view)
 
     def _sync(self, n_stages: int) -> None:
@@ -103,6 +106,13 @@ class ThenOrthogonalize(Kind):
     @property
     def carried(self) -> tuple[str, ...]:  # type: ignore[override]
         return self.inner.carried
+
+    @property
+    def skips_first_step(self) -> bool:  # type: ignore[override]
+        return self.inner.skips_first_step
+
+    def after_step(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
+        self.inner.after_step(stage, blocks, ctx)
 
     def passes(self, n_stages: int) -> list[tuple[int, str]]:
         inner = self.inner.passes(n_stages)
@@ -133,6 +143,9 @@ class ThenOrthogonalize(Kind):
 
     def apply(self, stage: int, direction: str, blocks: list[BlockStep], ctx: StepContext
               ) -> list[dict[str, torch.Tensor]]:
+        if ctx.statistics_only:
+            return self.inner.apply(stage, direction, blocks, ctx) if direction != "polar" else [
+                {"u": b.coords["u"]} for b in blocks]
         passes = self.passes(ctx.n_stages)
         out = ([{"u": b.coords["u"]} for b in blocks] if direction == "polar"
                else self.inner.apply(stage, direction, blocks, ctx))

@@ -1,0 +1,150 @@
+"""SOAP inside Symo, against the libraries themselves (never a reference written in Symo's conventions):
+
+- `preset="soap"` on a one-sided Muon-style spec is pytorch-optimizer's `SOAP` (a line-by-line port of the
+  authors' code) on the same model: 30 float64 steps with several refreshes, to 1e-4 of the distance moved;
+- SOAP-Muon (`then_orthogonalize` with the SOAP inner) is the polar factor of that library's SOAP direction;
+- the conventions one at a time: the first step moves nothing; `PowerQR` against dense eigendecompositions;
+- float32 and bfloat16 on rank-deficient, ill-conditioned gradients: never a NaN.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import polar, rel
+
+import symo
+from symo.optim import Symo
+from symo.optim.bases import Eigh, PowerQR
+
+pytorch_optimizer = pytest.importorskip("pytorch_optimizer")
+
+F64 = torch.float64
+MUON_STYLE = '[spaces]\n"r{i}" = "signed_perm"\n[params]\n"{i}.weight" = ["r{i}", "_"]\n'
+
+
+def square_mlp(width: int = 6, dtype: torch.dtype = F64) -> torch.nn.Module:
+    """Bias-free square layers: every Kronecker statistic of a batch gradient has full rank from the first step
+    (a non-square weight's larger side has null directions, whose eigh basis is arbitrary in any library)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(width, width, bias=False, dtype=dtype), torch.nn.Tanh(),
+                               torch.nn.Linear(width, width, bias=False, dtype=dtype))
+
+
+def run_side_by_side(a: torch.nn.Module, opt_a, b: torch.nn.Module, opt_b, steps: int) -> list[float]:
+    """Both models trained on the same regression batch; per step, ||w_a - w_b|| / ||w_b - w_b(0)||."""
+    torch.manual_seed(1)
+    x = torch.randn(64, 6, dtype=F64)
+    y = torch.randn(64, 6, dtype=F64)
+    start = [p.detach().clone() for p in b.parameters()]
+    gaps = []
+    for _ in range(steps):
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+        moved = sum(float((p.detach() - q).norm() ** 2) for p, q in zip(b.parameters(), start)) ** 0.5
+        gap = sum(float((p.detach() - q.detach()).norm() ** 2) for p, q in zip(a.parameters(), b.parameters())) ** 0.5
+        gaps.append(gap / moved if moved > 0 else gap)
+    return gaps
+
+
+@pytest.mark.parametrize("frequency", [3, 10])
+def test_soap_preset_is_pytorch_optimizers_soap(frequency):
+    """One Muon-style spec gives both of SOAP's sides; the library keeps its own defaults (betas 0.95, shampoo_beta
+    0.95, eps 1e-8, bias correction); its QR runs in float32, so the gap after a refresh is ~1e-6, not 1e-12."""
+    a, b = square_mlp(), square_mlp()
+    opt_a = Symo(a.named_parameters(), symo.parse_spec(MUON_STYLE), preset="soap", lr=0.01, weight_decay=0.0,
+                 precondition_frequency=frequency, stats_dtype="float64")
+    opt_b = pytorch_optimizer.SOAP(b.parameters(), lr=0.01, weight_decay=0.0, precondition_frequency=frequency)
+    gaps = run_side_by_side(a, opt_a, b, opt_b, 30)
+    assert max(gaps) < 1e-4, gaps
+    assert gaps[0] == 0.0  # the first step moves neither
+
+
+def test_soap_drops_to_a_different_optimizer_with_each_older_convention():
+    """Each older convention alone moves the trajectory away from the library's SOAP by far more than the
+    tolerance above: the test above can fail."""
+    for change in ({"first_step": "update"}, {"statistic_timing": "before"}, {"refresh": Eigh()},
+                   {"eps_placement": "adam", "eps": 1e-3}):
+        a, b = square_mlp(), square_mlp()
+        opt_a = Symo(a.named_parameters(), symo.parse_spec(MUON_STYLE), preset="soap", lr=0.01,
+                     precondition_frequency=3, stats_dtype="float64", **change)
+        opt_b = pytorch_optimizer.SOAP(b.parameters(), lr=0.01, weight_decay=0.0, precondition_frequency=3,
+                                       eps=change.get("eps", 1e-8))
+        assert max(run_side_by_side(a, opt_a, b, opt_b, 12)) > 1e-3, change
+
+
+def test_soap_muon_is_the_polar_factor_of_soaps_direction():
+    """then_orthogonalize with the SOAP inner (two-sided, exact polar factor, no Nesterov) on a square weight: each
+    update is lr polar(N), N the direction pytorch-optimizer's SOAP takes from the same gradients (its update at
+    lr 1; the Frobenius rescale and SOAP's step size are positive scalars, which the polar factor does not see), to
+    1e-4: the polar factor amplifies the rounding that Adam divides by eps on the first rotated steps."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 5, dtype=F64))
+    twin = torch.nn.Parameter(w.detach().clone())
+    spec = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
+    opt = Symo({"w": w}, spec, preset="then_orthogonalize", inner="eigen_adam", gamma=None, two_sided=True,
+               nesterov=False, backend="eigh", stats_dtype="float64", precondition_frequency=3, lr=0.05)
+    lib = pytorch_optimizer.SOAP([twin], lr=1.0, weight_decay=0.0, precondition_frequency=3)
+    target = torch.randn(5, 5, dtype=F64)
+    for t in range(12):
+        w.grad = None
+        (((w - target) ** 3).sum() + (w @ w.T).square().sum()).backward()
+        twin.grad = w.grad.clone()  # the same gradients; the library's own weights do not enter its direction
+        before, lib_before = w.detach().clone(), twin.detach().clone()
+        opt.step()
+        lib.step()
+        if t == 0:
+            assert torch.equal(before, w.detach()) and torch.equal(lib_before, twin.detach())
+            continue
+        assert rel(before - w.detach(), 0.05 * polar(lib_before - twin.detach())) < 1e-4, t
+
+
+def test_the_first_step_builds_the_statistics_and_moves_nothing():
+    model = square_mlp()
+    opt = Symo(model.named_parameters(), symo.parse_spec(MUON_STYLE), preset="soap", weight_decay=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    ((model(torch.randn(8, 6, dtype=F64)) ** 2).sum()).backward()
+    opt.step()
+    assert all(torch.equal(p.detach(), q) for p, q in zip(model.parameters(), before))
+    assert all(float(opt.state[p]["momentum_buffer"].abs().max()) == 0.0 for p in model.parameters())
+    block = opt.block_statistics()["L0"]
+    assert {"ema", "basis", "ema_width", "basis_width"} <= set(block) and "exp_avg_sq" not in block
+    opt.step()
+    assert not torch.equal(next(model.parameters()).detach(), before[0])
+
+
+def test_power_qr_converges_to_the_eigenbasis_and_reports_the_order():
+    """Repeated refreshes are orthogonal iteration: the columns converge to the eigenvectors by descending
+    eigenvalue (an oracle: the dense eigh). The order is the sort of the previous columns' estimates."""
+    torch.manual_seed(0)
+    q0, _ = torch.linalg.qr(torch.randn(6, 6, dtype=F64))
+    evals = torch.tensor([6.0, 5.0, 4.0, 3.0, 2.0, 1.0], dtype=F64)
+    a = (q0 * evals) @ q0.T
+    previous, _ = torch.linalg.qr(torch.randn(1, 6, 6, dtype=F64))
+    refresh = PowerQR()
+    q, order = refresh.basis(a[None], previous)
+    estimate = (previous * (a @ previous)).sum(dim=-2)
+    assert torch.equal(order, torch.argsort(estimate, dim=-1, descending=True))
+    for _ in range(200):
+        q, _ = refresh.basis(a[None], q)
+    assert float(((q[0].T @ q0).abs() - torch.eye(6, dtype=F64)).abs().max()) < 1e-8
+    assert float((PowerQR(iterations=200).basis(a[None], previous)[0][0].T @ q0).abs().diagonal().min()) > 1 - 1e-8
+    with pytest.raises(ValueError, match="PowerQR.iterations must be an int >= 1"):
+        PowerQR(iterations=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_soap_never_makes_a_nan_on_rank_deficient_ill_conditioned_gradients(dtype):
+    """A wide layer (statistics of rank 2 of 12), gradients spanning 1e-6..1e3, a gpt_true-like per-head spec and a
+    Muon-style one: 25 steps in the user's dtype stay finite."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(12, 12, bias=False).to(dtype)
+    spec = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nweight = ["r", "_"]\n')
+    opt = Symo(layer.named_parameters(), spec, preset="soap", precondition_frequency=2)
+    for t in range(25):
+        u, v = torch.randn(12, 2), torch.randn(2, 12)
+        layer.weight.grad = ((u * torch.tensor([1e3, 1e-6])) @ v * (10.0 ** (t % 5 - 2))).to(dtype)
+        opt.step()
+        assert bool(torch.isfinite(layer.weight).all()), t
