@@ -36,10 +36,12 @@ def interpolate(a: nn.Module | Mapping[str, torch.Tensor], b: nn.Module | Mappin
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
         raise AlignError(f"alpha must be a finite number (0 gives a, 1 gives b), got {alpha!r}")
     sa, sb = _state(a, "a"), _state(b, "b")
-    only = [k for k in sa if k not in sb] + [k for k in sb if k not in sa]
-    if only:
-        raise AlignError(f"a and b have different entries ({only[0]!r} is in only one); interpolate two models of the "
-                         "same architecture")
+    only = {label: [k for k in x if k not in y] for label, x, y in (("a", sa, sb), ("b", sb, sa))}
+    if any(only.values()):
+        which = "; ".join(f"only {label} has {', '.join(map(repr, names[:3]))}"
+                          + (f" and {len(names) - 3} more" if len(names) > 3 else "") for label, names in only.items()
+                          if names)
+        raise AlignError(f"a and b are different models ({which}); interpolate two models of the same architecture")
     out = {}
     for k, va in sa.items():
         vb = sb[k]

@@ -19,6 +19,7 @@ import importlib.metadata
 import os
 import sys
 import warnings
+from typing import NoReturn
 
 from .common import CommandError, _describe, _spec_error
 from .parsers import add_commands
@@ -40,16 +41,26 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"warning: {message}", file=sys.stderr)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with a usage error in one line, `symo train: error: ...; see symo train --help`,
+    instead of the whole usage block before it; the subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run `symo ARGV` (default: sys.argv[1:]); returns the exit status."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="symo", description="Symo: symmetry-structured curvature for PyTorch. List a model's parameters "
         "(params), write a spec or let infer write one, compile it and check it against the model (compile, "
         "check), then train with it (train). Each command has its own --help.")
     parser.add_argument("--version", action="version", version=f"symo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_commands(sub)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own parser says it, naming the command (argparse's top-level parser would not)
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     precheck = getattr(args, "precheck", None)
     if precheck is not None:  # option values, before the command's module (and torch) is imported
         try:

@@ -72,6 +72,10 @@ def _models(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.nn.Module,
     """Both models built and loaded; the B checkpoint's blob when it is a symo train checkpoint."""
     state_a, blob_a = load_model_file(args.reference)
     state_b, blob_b = load_model_file(args.other)
+    if state_a.keys() != state_b.keys():  # before any architecture is built: one --model could not fit both
+        raise CommandError(f"{args.reference} and {args.other} are different models: "
+                           f"{_key_difference(state_a, state_b, (args.reference, args.other))}. Give two models of the "
+                           "same architecture (nothing was written)", 2)
     models = []
     for path, state, blob in ((args.reference, state_a, blob_a), (args.other, state_b, blob_b)):
         if args.model:
@@ -85,8 +89,10 @@ def _models(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.nn.Module,
             model.load_state_dict(state)
         except RuntimeError as exc:
             label = f"--model {args.model}" if args.model else "the GPT of its options"
-            raise CommandError(f"{path} does not fit {label}: {str(exc).splitlines()[-1].strip()[:400]} "
-                               "(nothing was written)", 2) from None
+            expected = model.state_dict()
+            reason = (_key_difference(state, expected, ("the file", "the model")) if state.keys() != expected.keys()
+                      else str(exc).splitlines()[-1].strip()[:400])
+            raise CommandError(f"{path} does not fit {label}: {reason} (nothing was written)", 2) from None
         models.append(model)
     return models[0], models[1], blob_b
 
@@ -109,6 +115,17 @@ def load_model_file(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     what = f"a dict with keys {sorted(map(str, blob))[:6]}" if isinstance(blob, dict) else type(blob).__name__
     raise CommandError(f"{path}: not a model checkpoint ({what}); give a symo train checkpoint (ckpt.pt) or a file "
                        "saved with torch.save(model.state_dict()) (nothing was written)", 2)
+
+
+def _key_difference(first: dict[str, Any], second: dict[str, Any], labels: tuple[str, str], shown: int = 3) -> str:
+    """`only A has 'x', 'y', 'z' and 4 more; only B has 'w'`: whole entry names, the first few on each side."""
+    parts = []
+    for (this, other), label in zip(((first, second), (second, first)), labels):
+        names = [k for k in this if k not in other]
+        if names:
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            parts.append(f"only {label} has {', '.join(repr(n) for n in names[:shown])}{more}")
+    return "; ".join(parts)
 
 
 def _is_state(x: Any) -> bool:

@@ -65,7 +65,8 @@ def train_command(args: argparse.Namespace) -> int:
         h = result["history"]
         train_loss = next((v for v in reversed(h["train_loss"]) if v == v), float("nan"))
         ms = result["ms_per_step"]
-        speed = f"{ms:.0f} ms/step" if math.isfinite(ms) else "no steps left (the checkpoint was at the last step)"
+        speed = f"{ms:.0f} ms/step" if math.isfinite(ms) else ("no steps left (the checkpoint was at the last step; "
+                                                                "a larger --steps extends the run)")
         print(f"\nstep {result['steps']}: val loss {result['final_val']:.4f} (train {train_loss:.4f}), "
               f"{h['elapsed_s'][-1]:.0f} s, {speed}")
         if result["sample"]:
@@ -151,6 +152,13 @@ class ConsoleReport(TrainObserver):
               f"{run.data_name} ({run.n_chars:,} chars, vocabulary {run.vocab_size}), batch {cfg.batch_size}x"
               f"{cfg.block_size}, {run.world} process(es) on {cfg.device}\nrun folder: {run.run_dir}"
               + (f" (resumed at step {run.start_step} of {cfg.steps})" if run.resumed else ""), flush=True)
+        end = run.schedule_steps
+        if end is not None and end < cfg.steps:  # a resume with a larger --steps
+            rates = f"lr {cfg.lr * cfg.min_lr_ratio:g}" + (f", adamw-lr {cfg.adamw_lr * cfg.min_lr_ratio:g}"
+                                                           if cfg.optimizer != "adamw" else "")
+            print(f"extended to {cfg.steps} steps: the learning-rate schedule keeps its {end} steps (warm-up, cosine "
+                  f"decay), and steps {end + 1} to {cfg.steps} run at the rate its cosine ends at, --min-lr-ratio "
+                  f"{cfg.min_lr_ratio:g} x the rate ({rates})", flush=True)
         self.bar = progress(total=cfg.steps, initial=run.start_step, disable=not self.show_bar, unit="step",
                             dynamic_ncols=True)
 

@@ -226,8 +226,9 @@ def check_finite_tensors(tensors: Tensors, names: list[str]) -> None:
         return
     bad = present[int((~finite).nonzero()[0])]
     raise NonFiniteGradientError(
-        f"gradient of parameter {bad!r} holds NaN or inf; lower the learning rate, enable "
-        "gradient clipping, or check the loss for overflow")
+        f"gradient of parameter {bad!r} holds NaN or inf: either the input batch holds NaN or inf (check the "
+        "data, e.g. torch.isfinite(x).all()), or the training diverged (lower the learning rate, enable gradient "
+        "clipping, or check the loss for overflow)")
 
 
 def _random_matrix(group: str, n: int, generator, dtype) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,7 @@ def check_symmetry(loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], c
     w = {k: v.detach() for k, v in params.items()}
     dtype = next(iter(w.values())).dtype
     tol = tolerance if tolerance is not None else 1e3 * torch.finfo(dtype).eps
-    with torch.no_grad():
+    with torch.no_grad(), _dtype_hint(dtype):
         base = float(loss_fn(w))
         worst = 0.0
         for _ in range(trials):
@@ -50,3 +51,21 @@ def check_symmetry(loss_fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], c
             moved = float(loss_fn(compiled.act(g, w)))
             worst = max(worst, abs(moved - base) / max(abs(base), 1e-30))
     return SymmetryReport(trials=trials, max_rel_change=worst, tolerance=tol)
+
+
+@contextlib.contextmanager
+def _dtype_hint(dtype: torch.dtype) -> Iterator[None]:
+    """Turn the dtype mismatch of a loss that mixes the parameters with tensors of another dtype (float64
+    parameters and a float32 model or data, or the reverse) into a message saying what to change, as
+    `symo.hessian.dense` does."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "dtype" not in str(exc) and "Double" not in str(exc):
+            raise
+        name = str(dtype).removeprefix("torch.")
+        raise TypeError(
+            f"loss_fn failed with the parameters in {name} ({exc}). check_symmetry evaluates the loss at the "
+            "parameters as given and at moved copies of the same dtype, so everything the loss combines with them "
+            f"must be {name} too: cast the data (and a model called through torch.func.functional_call) to {name}, "
+            "or pass the parameters in the dtype of the model and data") from None

@@ -30,6 +30,8 @@ class RunStart:
     vocab_size: int
     start_step: int          # steps already done (a resumed run starts there)
     resumed: bool
+    schedule_steps: int | None = None  # the steps the learning-rate schedule spans; fewer than config.steps
+    #                                    in a run extended by a resume with a larger --steps
 
 
 @dataclass(frozen=True)

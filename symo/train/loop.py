@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ..compiler import load_spec
 from ..optim import Symo
-from ..runtime.compiled import compile
+from ..runtime.compiled import NonFiniteGradientError, compile
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
 from .data import Corpus, _mix, load_corpus
@@ -45,11 +45,15 @@ from .runlog import write_csv, write_plot
 __all__ = ["DEFAULT_LR", "OPTIMIZERS", "RESUME_KEYS", "TrainConfig", "build_optimizer", "lr_factor", "saved_options",
            "train"]
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up over `warmup` steps, then cosine from 1 to `min_lr_ratio` at `steps`."""
+def lr_factor(step: int, cfg: TrainConfig, schedule_steps: int | None = None) -> float:
+    """Linear warm-up over `warmup` steps, then cosine from 1 to `min_lr_ratio` at `schedule_steps` (default
+    `steps`), and `min_lr_ratio` from there on (the steps a resume with a larger --steps adds)."""
+    end = cfg.steps if schedule_steps is None else schedule_steps
+    if step >= end:
+        return cfg.min_lr_ratio
     if step < cfg.warmup:
         return (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
+    progress = (step - cfg.warmup) / max(end - cfg.warmup, 1)
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
@@ -186,8 +190,10 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
     ckpt_path = run_dir / "ckpt.pt"
     settings = _settings(cfg, corpus)
     blob = None
-    if cfg.resume:
-        blob = load_checkpoint(ckpt_path, settings, map_location=device)
+    schedule_steps = cfg.steps  # the steps the learning-rate schedule spans (fewer in an extended run)
+    if cfg.resume:  # --steps may grow: the run is extended (_schedule_steps)
+        blob = load_checkpoint(ckpt_path, {k: v for k, v in settings.items() if k != "steps"}, map_location=device)
+        schedule_steps = _schedule_steps(ckpt_path, blob, cfg.steps)
     elif ckpt_path.exists():
         raise CheckpointError(f"{ckpt_path} exists: pass --resume to continue that run, or choose another --out-dir "
                               "(the checkpoint was left as it is)")
@@ -217,7 +223,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
         if rank == 0:
             save_checkpoint(ckpt_path, {"model": model_state, "optimizer": opt_state, "step": step,
                                         "history": history, "base_lrs": base_lrs, "settings": settings,
-                                        "options": _options(cfg)})
+                                        "options": _options(cfg), "schedule_steps": schedule_steps})
             write_csv(run_dir / "log.csv", history)
 
     lead = rank == 0
@@ -225,7 +231,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
         observer.started(RunStart(config=cfg, run_dir=run_dir, world=world,
                                   n_params=sum(p.numel() for p in model.parameters()), data_name=corpus.name,
                                   n_chars=len(corpus.ids), vocab_size=corpus.vocab_size, start_step=start,
-                                  resumed=blob is not None))
+                                  resumed=blob is not None, schedule_steps=schedule_steps))
     step_times: list[float] = []
     elapsed0 = history["elapsed_s"][-1] if history["elapsed_s"] else 0.0
     t_run = time.perf_counter()
@@ -239,12 +245,15 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
             t0 = time.perf_counter()
             clean = False
             for g, base in zip(opt.param_groups, base_lrs):
-                g["lr"] = base * lr_factor(step, cfg)
+                g["lr"] = base * lr_factor(step, cfg, schedule_steps)
             x, y = corpus.batch("train", step, cfg.batch_size, cfg.block_size, cfg.seed, rows)
             loss = net(x.to(device), y.to(device))[1]
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            try:
+                opt.step()
+            except NonFiniteGradientError as exc:  # say what this loop knows about the batch and the loss
+                raise NonFiniteGradientError(_diverged(exc, step + 1, loss, cfg)) from None
             loss = loss.detach()
             if world > 1:
                 dist.all_reduce(loss)
@@ -290,6 +299,31 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
         result["plot"] = write_plot(run_dir / "loss.png", history, title=f"{cfg.optimizer} on {corpus.name}")
         result["sample"] = text
     return result
+
+
+def _schedule_steps(path: Path, blob: dict[str, Any], steps: int) -> int:
+    """The steps the learning-rate schedule of a resumed run spans: those of the run's first --steps, also
+    when `steps` (the --steps now) extends the run. A smaller --steps than the checkpoint's is refused."""
+    saved = blob.get("settings", {}).get("steps", "<missing>")
+    if not isinstance(saved, int):
+        raise CheckpointError(f"{path}: the checkpoint does not record its run's --steps ({saved!r}); start a new run "
+                              "with another --out-dir; the checkpoint was left as it is")
+    if steps < saved:
+        raise CheckpointError(f"{path}: the checkpoint's run has --steps {saved}, and --steps {steps} would shorten "
+                              f"it. Leave --steps out to finish the run, give more than {saved} to extend it, or start "
+                              "a new run with another --out-dir; the checkpoint was left as it is")
+    return int(blob.get("schedule_steps", saved))
+
+
+def _diverged(exc: NonFiniteGradientError, step: int, loss: torch.Tensor, cfg: TrainConfig) -> str:
+    """The optimizer's message about a NaN/inf gradient, with what the loop knows: its batches are token ids
+    (integers, never NaN or inf), so the data is ruled out, and this step's loss."""
+    value = float(loss.detach())
+    return (f"step {step}: {exc}. Here the input batch is token ids (integers, never NaN or inf) and the loss was "
+            f"{value:.4g}" + (" (the weights or activations overflowed before the loss)" if not math.isfinite(value)
+                              else "")
+            + f", so the training diverged: lower --lr ({cfg.lr:g}) or --adamw-lr ({cfg.adamw_lr:g}), or warm up "
+            f"longer (--warmup {cfg.warmup})")
 
 
 def _check_device(device: str) -> None:
