@@ -3,10 +3,12 @@
 Git Re-Basin's activation matching (Ainsworth et al., ICLR 2023), located through the spec. A space is
 found in the forward pass where a module's weight carries it on a feature axis: the *input* of an
 `nn.Linear` / convolution whose weight's input axis holds the space (the units after the nonlinearity),
-else the *output* of one whose weight's output axis holds it (before it). A fused axis is cut at the
-block's slice (c_attn's q, k and v) and a product axis reshaped (`(head d_head)`): a `per` space gives
-one statistic per index of its owner. Forward hooks record those tensors for the same batches through
-both models; per space
+else the *output* of one whose weight's output axis holds it (before it). An `nn.MultiheadAttention`
+counts by its `in_proj_weight`: its query input, and q, k, v computed from its inputs (it never calls
+its `out_proj` as a module, and a module whose forward does not run on the first batch is no site).
+A fused axis is cut at the block's slice (c_attn's q, k and v) and a product axis reshaped
+(`(head d_head)`): a `per` space gives one statistic per index of its owner. Forward hooks record those
+tensors for the same batches through both models; per space
 
 - `perm`, `signed_perm`: the cross-correlation of the units, summed over the places the space was found,
   solved by linear assignment (of |corr| with its signs for signed_perm);
@@ -19,11 +21,13 @@ weight, a space sharing its axis with another group) are left to weight matching
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.compiled import CompiledSpec
@@ -33,12 +37,14 @@ from .matching import solve_linear
 _LINEAR = {0: ("output", -1), 1: ("input", -1)}
 _CONV = {0: ("output", 1), 1: ("input", 1)}
 _EMBEDDING = {1: ("output", -1)}
+_ATTENTION = {0: ("projection", -1), 1: ("input", -1)}  # in_proj_weight: rows q, k, v; columns the query's features
 
 
 @dataclass(frozen=True)
 class Site:
-    """Where a space shows in the forward pass: `side` of module `module`, feature dimension `dim`, the
-    slice [start, start + length) reshaped to `sizes`; the space is atom `k` (its owner atom `owner`)."""
+    """Where a space shows in the forward pass: `side` of module `module` ("input", "output", or an
+    attention's "projection", its q, k, v), feature dimension `dim`, the slice [start, start + length)
+    reshaped to `sizes`; the space is atom `k` (its owner atom `owner`)."""
 
     module: str
     side: str
@@ -50,17 +56,17 @@ class Site:
     owner: int | None
 
 
-def locate(model: nn.Module, compiled: CompiledSpec) -> dict[str, list[Site]]:
-    """{space: sites}: input sides where there are any, else output sides (module docstring)."""
+def locate(model: nn.Module, compiled: CompiledSpec, called: set[str] | None = None) -> dict[str, list[Site]]:
+    """{space: sites}: input sides where there are any, else the others (module docstring); `called`: the
+    modules whose forward runs (None: all)."""
     names = {}
     for n, p in model.named_parameters():
         names.setdefault(id(p), n)
     found: dict[str, list[Site]] = {}
     for mod_name, module in model.named_modules():
-        axes = _axes_of(module)
-        weight = getattr(module, "weight", None)
+        weight, axes = _weight_axes(module)
         param = names.get(id(weight)) if isinstance(weight, nn.Parameter) else None
-        if not axes or param not in compiled.shapes:
+        if not axes or param not in compiled.shapes or (called is not None and mod_name not in called):
             continue
         for block in compiled.param_blocks(param):
             for axis, (side, dim) in axes.items():
@@ -73,14 +79,18 @@ def locate(model: nn.Module, compiled: CompiledSpec) -> dict[str, list[Site]]:
     return {s: [x for x in sites if x.side == "input"] or sites for s, sites in found.items()}
 
 
-def _axes_of(module: nn.Module) -> dict[int, tuple[str, int]]:
+def _weight_axes(module: nn.Module) -> tuple[Any, dict[int, tuple[str, int]]]:
+    """The module's weight that locates spaces, and its axes' sides."""
+    if isinstance(module, nn.MultiheadAttention):
+        return module.in_proj_weight, _ATTENTION  # None with separate q, k, v weights (kdim, vdim): not located
+    weight = getattr(module, "weight", None)
     if isinstance(module, nn.Linear):
-        return _LINEAR
+        return weight, _LINEAR
     if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and module.groups == 1:
-        return _CONV
+        return weight, _CONV
     if isinstance(module, nn.Embedding):
-        return _EMBEDDING
-    return {}
+        return weight, _EMBEDDING
+    return weight, {}
 
 
 def _site(compiled: CompiledSpec, module: str, side: str, dim: int, start: int, length: int,
@@ -116,9 +126,11 @@ def model_inputs(batch: Any) -> tuple[tuple, dict]:
                     f"got {type(batch).__name__}")
 
 
-def _features(t: torch.Tensor, site: Site) -> torch.Tensor:
-    """The site's slice of `t` as (rows, copies, n) in float64."""
-    x = t.detach().movedim(site.dim, -1)[..., site.start:site.start + site.length]
+def _features(t: torch.Tensor, site: Site, offset: int = 0) -> torch.Tensor:
+    """The site's slice of `t` (whose feature axis starts at entry `offset` of the weight's) as (rows, copies,
+    n) in float64."""
+    start = site.start - offset
+    x = t.detach().movedim(site.dim, -1)[..., start:start + site.length]
     x = x.reshape(-1, *site.sizes).double()
     if site.owner is None:
         return x.movedim(1 + site.k, -1).reshape(-1, 1, site.sizes[site.k])
@@ -159,16 +171,16 @@ def activation_matching(compiled: CompiledSpec, reference: nn.Module, other: nn.
                         data: Iterable[Any]) -> tuple[dict[str, torch.Tensor], dict[str, list[Site]]]:
     """Elements {space: (copies, n, n)} for the spaces located in the forward pass, and where each was
     found; the spaces not located are absent (weight matching solves them)."""
-    sites = locate(reference, compiled)
+    batches = iter(data)
+    first = next(batches, None)
+    if first is None:
+        raise ValueError("data holds no batch: activation matching needs inputs to run the models on")
+    sites = locate(reference, compiled, _called(reference, first))
     stats = {(s, i): _Stats() for s, xs in sites.items() for i in range(len(xs))}
-    batches = 0
-    for batch in data:
+    for batch in itertools.chain([first], batches):
         captured = [_capture(m, sites, batch) for m in (reference, other)]
         for key, st in stats.items():
             st.add(captured[0][key], captured[1][key])
-        batches += 1
-    if not batches:
-        raise ValueError("data holds no batch: activation matching needs inputs to run the models on")
     out = {}
     for s, xs in sites.items():
         group = compiled.spaces[s]["group"]
@@ -177,9 +189,15 @@ def activation_matching(compiled: CompiledSpec, reference: nn.Module, other: nn.
     return out, sites
 
 
+def _called(model: nn.Module, batch: Any) -> set[str]:
+    """The modules whose forward runs on `batch` (nn.MultiheadAttention uses its out_proj's weight directly)."""
+    called: set[str] = set()
+    _forward(model, batch, {name: lambda *_, name=name: called.add(name) for name, _ in model.named_modules()})
+    return called
+
+
 def _capture(model: nn.Module, sites: dict[str, list[Site]], batch: Any) -> dict[tuple[str, int], torch.Tensor]:
-    """One forward pass (eval mode, no grad) recording every site's features."""
-    modules = dict(model.named_modules())
+    """One forward pass recording every site's features."""
     out: dict[tuple[str, int], torch.Tensor] = {}
     by_module: dict[str, list[tuple[tuple[str, int], Site]]] = {}
     for s, xs in sites.items():
@@ -187,12 +205,45 @@ def _capture(model: nn.Module, sites: dict[str, list[Site]], batch: Any) -> dict
             by_module.setdefault(site.module, []).append(((s, i), site))
 
     def hook(name: str):
-        def record(_module, args, output):
+        def record(module, args, kwargs, output):
             for key, site in by_module[name]:
-                out[key] = _features(args[0] if site.side == "input" else output, site)
+                if site.side == "projection":
+                    t, offset = _projection(module, args, kwargs, site)
+                    out[key] = _features(t, site, offset)
+                else:
+                    out[key] = _features(_argument(args, kwargs, 0) if site.side == "input" else output, site)
         return record
 
-    handles = [modules[name].register_forward_hook(hook(name)) for name in by_module]
+    _forward(model, batch, {name: hook(name) for name in by_module})
+    return out
+
+
+def _argument(args: tuple, kwargs: dict, i: int) -> torch.Tensor:
+    """A module's i-th input: positional, else by its keyword (Linear's `input`, attention's query, key, value)."""
+    if len(args) > i:
+        return args[i]
+    for k in (("input", "query"), ("key",), ("value",))[i]:
+        if k in kwargs:
+            return kwargs[k]
+    raise ValueError(f"activation matching reads a module's input {i}, but it was called with {len(args)} positional "
+                     f"arguments and the keywords {sorted(kwargs)}; use method='weights'")
+
+
+def _projection(module: nn.MultiheadAttention, args: tuple, kwargs: dict, site: Site) -> tuple[torch.Tensor, int]:
+    """q, k, v of an nn.MultiheadAttention, the in-projection of its query, key and value inputs (it calls no
+    Linear for them): the thirds of `in_proj_weight`'s rows that the site's slice touches, and where they start."""
+    e = module.embed_dim
+    thirds = range(site.start // e, (site.start + site.length - 1) // e + 1)
+    bias = module.in_proj_bias
+    parts = [F.linear(_argument(args, kwargs, j), module.in_proj_weight[j * e:(j + 1) * e],
+                      None if bias is None else bias[j * e:(j + 1) * e]) for j in thirds]
+    return torch.cat(parts, -1), thirds[0] * e
+
+
+def _forward(model: nn.Module, batch: Any, hooks: dict[str, Callable[..., None]]) -> None:
+    """One forward pass (eval mode, no grad) with forward hooks {module name: hook(module, args, kwargs, output)}."""
+    modules = dict(model.named_modules())
+    handles = [modules[name].register_forward_hook(h, with_kwargs=True) for name, h in hooks.items()]
     modes = {name: m.training for name, m in model.named_modules()}
     args, kwargs = model_inputs(batch)
     try:
@@ -204,4 +255,3 @@ def _capture(model: nn.Module, sites: dict[str, list[Site]], batch: Any) -> dict
             h.remove()
         for name, m in model.named_modules():
             m.training = modes[name]
-    return out

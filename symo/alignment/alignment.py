@@ -27,13 +27,15 @@ from .matching import identity_element, inner_products, weight_matching
 from .result import AlignError, AlignResult, AlignWarning, SpaceReport, readable_elements
 
 METHODS = ("weights", "activations")
+INPUTS_HINT = ("pass example_inputs= to symo.align (CLI: --input-shape, e.g. --input-shape 2x1x28x28 for one float "
+               "batch), or give the model an example_inputs() method that returns them")
 
 
 def align(reference: nn.Module | Mapping[str, torch.Tensor], other: nn.Module | Mapping[str, torch.Tensor],
           spec: Spec | CompiledSpec | str | Path | None = None, *, method: str = "weights",
           data: Iterable[Any] | None = None, sizes: dict[str, int] | None = None, example_inputs: Any = None,
           check: bool = True, max_sweeps: int = 100, tol: float | None = None, restarts: int = 0, seed: int = 0,
-          progress: bool = False) -> AlignResult:
+          progress: bool = False, strict: bool = True) -> AlignResult:
     """Align `other` to `reference` modulo the spec's group; returns an `AlignResult`.
 
     - `reference`, `other`: two models of one architecture (`nn.Module`s or state dicts).
@@ -46,7 +48,10 @@ def align(reference: nn.Module | Mapping[str, torch.Tensor], other: nn.Module | 
       and checking the spec (default: guessed as `symo infer` does).
     - `check`: measure, as `symo check` does, which spaces are true symmetries; a relaxed one gets an
       `AlignWarning` (the aligned model then computes another function).
-    - `max_sweeps`, `tol`, `restarts`, `seed`: the coordinate descent's limits and random restarts.
+    - `max_sweeps`, `tol`, `restarts`, `seed`: the coordinate descent's limits and random restarts
+      (`AlignResult.converged` is False, and a note says so, when it stopped at `max_sweeps`).
+    - `progress`: a progress bar on stderr where it is a terminal.
+    - `strict=False`: drop the spec's rules that match no parameter (as `symo.compile`; CLI: --partial).
     """
     t0 = time.perf_counter()
     if method not in METHODS:
@@ -57,7 +62,7 @@ def align(reference: nn.Module | Mapping[str, torch.Tensor], other: nn.Module | 
                          "or use method='weights'")
     ref_t, other_t = _tensors(reference, "reference"), _tensors(other, "other")
     _same_shapes(ref_t, other_t)
-    compiled, inferred = _compiled(spec, reference, ref_t, sizes, example_inputs)
+    compiled, inferred = _compiled(spec, reference, ref_t, sizes, example_inputs, strict)
     seconds = {"spec": time.perf_counter() - t0}
     notes: list[str] = []
     relaxed: list[str] = []
@@ -65,7 +70,7 @@ def align(reference: nn.Module | Mapping[str, torch.Tensor], other: nn.Module | 
         notes.append("spec inferred from the model and verified in float64 (symo infer): every space is true")
     elif check:
         t1 = time.perf_counter()
-        relaxed = _relaxed(spec, reference, sizes, example_inputs, notes) if modules else []
+        relaxed = _relaxed(spec, reference, sizes, example_inputs, strict, notes) if modules else []
         if not modules:
             notes.append("symmetry not checked (state dicts, no model to run): run `symo check` on the spec")
         seconds["check"] = time.perf_counter() - t1
@@ -89,9 +94,13 @@ def align(reference: nn.Module | Mapping[str, torch.Tensor], other: nn.Module | 
                             restarts=restarts, seed=seed, progress=progress)
     seconds["match"] = time.perf_counter() - t1
     t1 = time.perf_counter()
+    if not match.converged:
+        notes.append(f"the coordinate descent stopped at max_sweeps={max_sweeps} before converging: a larger "
+                     "max_sweeps (CLI: --max-sweeps) may find a better element")
     model = _moved(compiled, match.elements, other, other_t, notes)
     seconds["apply"] = time.perf_counter() - t1
-    before = inner_products(compiled, identity_element(compiled, dtype), ref_w, other_w)
+    identity = identity_element(compiled, dtype)
+    before = inner_products(compiled, identity, ref_w, other_w)
     after = inner_products(compiled, match.elements, ref_w, other_w)
     norms = {n: (float(ref_w[n].double().norm()) ** 2, float(other_w[n].double().norm()) ** 2) for n in ref_w}
     spaces = []
@@ -102,10 +111,12 @@ def align(reference: nn.Module | Mapping[str, torch.Tensor], other: nn.Module | 
         scale = (sum(norms[n][0] for n in params) * sum(norms[n][1] for n in params)) ** 0.5 or 1.0
         spaces.append(SpaceReport(s, info["group"], info["size"], info["per"], match.elements[s].shape[0],
                                   "activations" if s in located else "weights", sum(before[n] for n in params) / scale,
-                                  sum(after[n] for n in params) / scale, match.last_changed.get(s, 0)))
+                                  sum(after[n] for n in params) / scale, match.last_changed.get(s, 0),
+                                  bool(torch.equal(match.elements[s], identity[s]))))
     seconds["total"] = time.perf_counter() - t0
     return AlignResult(model, readable_elements(compiled, match.elements), match.elements, compiled, method, spaces,
-                       sum(before.values()), sum(after.values()), match.sweeps, match.start, seconds, relaxed, notes)
+                       sum(before.values()), sum(after.values()), match.sweeps, match.start, seconds, relaxed, notes,
+                       match.converged)
 
 
 def _tensors(x: Any, label: str) -> dict[str, torch.Tensor]:
@@ -135,13 +146,20 @@ def _same_shapes(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -
 
 
 def _compiled(spec: Any, reference: Any, ref_t: Mapping[str, torch.Tensor], sizes: dict[str, int] | None,
-              example_inputs: Any) -> tuple[CompiledSpec, bool]:
+              example_inputs: Any, strict: bool = True) -> tuple[CompiledSpec, bool]:
     shapes = {n: tuple(t.shape) for n, t in ref_t.items()}
     if spec is None:
         if not isinstance(reference, nn.Module):
             raise AlignError("spec=None infers the spec from the model, which needs nn.Modules; with state dicts pass "
                              "spec= (a path, a bundled name or a Spec)")
-        result = infer(_batch_statistics(reference), example_inputs)
+        try:
+            result = infer(_batch_statistics(reference), example_inputs)
+        except (SpecError, AlignError):
+            raise
+        except Exception as exc:  # the user's model did not run on the inputs: say which and what to give
+            raise AlignError(f"spec=None infers the spec by running the model on "
+                             f"{'guessed' if example_inputs is None else 'the given'} example inputs, which failed "
+                             f"({type(exc).__name__}: {str(exc)[:200]}): {INPUTS_HINT}; or give a spec") from exc
         compiled = compile(result.spec, shapes, sizes=sizes)
         if not compiled.param_names:
             raise AlignError("the inferred spec moves no parameter of the model (symo infer finds no symmetry "
@@ -151,27 +169,40 @@ def _compiled(spec: Any, reference: Any, ref_t: Mapping[str, torch.Tensor], size
         return compile_for(spec, shapes, None), False
     spec = load_spec(spec) if not isinstance(spec, Spec) else spec
     try:
-        return compile(spec, shapes, sizes=sizes), False
-    except SpecError:
-        try:
-            compile(spec, shapes, sizes=sizes, strict=False)
-        except SpecError:
-            raise AlignError(f"spec {spec.name!r} ({spec.source}) covers none of the models' parameters (e.g. "
-                             f"{', '.join(list(shapes)[:3])}): give the spec written for this model (`symo params` "
-                             "lists the names a spec matches), or spec=None to infer one") from None
-        raise
+        return compile(spec, shapes, sizes=sizes, strict=strict), False
+    except SpecError as exc:
+        if exc.key is not None and exc.key.endswith(".per") and "identity owner" in exc.reason:
+            raise SpecError(exc.reason, file=exc.file, key=exc.key, param=exc.param, axis=exc.axis,
+                            hint=f"{exc.hint}; align then keeps every head (the owner) in place and matches the spaces "
+                                 "declared per it within each head (a spec cannot permute heads)") from None
+        if not _covers_nothing(spec, shapes, sizes):
+            raise
+    raise AlignError(f"spec {spec.name!r} ({spec.source}) covers none of the models' parameters (e.g. "
+                     f"{', '.join(list(shapes)[:3])}): give the spec written for this model (`symo params` "
+                     "lists the names a spec matches), or spec=None to infer one")
 
 
-def _relaxed(spec: Any, reference: nn.Module, sizes: dict[str, int] | None, example_inputs: Any,
+def _covers_nothing(spec: Spec, shapes: Mapping[str, tuple[int, ...]], sizes: dict[str, int] | None) -> bool:
+    """No rule of the spec matches any parameter (the compiler's own check, with strict=False)."""
+    try:
+        compile(spec, shapes, sizes=sizes, strict=False)
+    except SpecError as exc:
+        return exc.key == "params"
+    return False
+
+
+def _relaxed(spec: Any, reference: nn.Module, sizes: dict[str, int] | None, example_inputs: Any, strict: bool,
              notes: list[str]) -> list[str]:
     """The spaces that are not true symmetries of the model (symo check's measurement)."""
     if isinstance(spec, CompiledSpec):
         notes.append("symmetry not checked (a CompiledSpec was given): run `symo check` on its spec file")
         return []
     try:
-        rows = check_spec(spec, _batch_statistics(reference), example_inputs, sizes=sizes)
+        rows = check_spec(spec, _batch_statistics(reference), example_inputs, sizes=sizes, strict=strict)
     except Exception as exc:  # the user's model could not run on guessed inputs: say so, the alignment stands
-        notes.append(f"symmetry not checked ({type(exc).__name__}: {str(exc)[:200]}); pass example_inputs=")
+        notes.append(f"symmetry not checked: the model did not run on the "
+                     f"{'guessed' if example_inputs is None else 'given'} example inputs ({type(exc).__name__}: "
+                     f"{str(exc)[:200]}); to check it, {INPUTS_HINT}")
         return []
     return [r.space for r in rows if r.status == "relaxed"]
 

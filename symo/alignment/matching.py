@@ -79,7 +79,8 @@ def inner_products(compiled: CompiledSpec, element: Tensors, ref: Tensors, other
 class Matching:
     """What weight matching found: `elements` {space: (copies, n, n)} in the working dtype, the objective
     at the identity and at the end, the sweeps of the winning run and where it started ("identity",
-    "solo", "random k") and, per space, the last sweep that changed its element (0: never changed)."""
+    "solo", "random k"), per space the last sweep that changed its element (0: no sweep changed it, so it
+    is its start's element), and whether the run converged (False: it stopped at `max_sweeps`)."""
 
     elements: dict[str, torch.Tensor]
     objective_before: float
@@ -88,6 +89,7 @@ class Matching:
     start: str
     history: list[float] = field(default_factory=list)
     last_changed: dict[str, int] = field(default_factory=dict)
+    converged: bool = True
 
 
 def weight_matching(compiled: CompiledSpec, ref: Tensors, other: Tensors, *, fixed: Tensors | None = None,
@@ -98,7 +100,8 @@ def weight_matching(compiled: CompiledSpec, ref: Tensors, other: Tensors, *, fix
     `ref`, `other`: {name: tensor} of the covered parameters, in one floating dtype. `fixed`: elements of
     spaces that are not solved here ((copies, n, n), e.g. found by activation matching). The sweeps stop
     when no element entry moved by more than `tol` (default 1000 machine epsilons of the dtype), when a
-    sweep gains nothing, or after `max_sweeps`."""
+    sweep gains nothing, or after `max_sweeps` (`converged` False). `progress`: a bar on stderr counting
+    one sweep's spaces, shown only where stderr is a terminal."""
     from tqdm.auto import tqdm  # the progress bar is optional decoration; imported where it is shown
 
     dtype = next(iter(ref.values())).dtype
@@ -114,7 +117,8 @@ def weight_matching(compiled: CompiledSpec, ref: Tensors, other: Tensors, *, fix
     best: Matching | None = None
     starts = ["identity"] + (["solo"] if any(_solo(compiled, s) for s in solve) else [])
     starts += [f"random {k + 1}" for k in range(restarts)]
-    bar = tqdm(total=None, desc="align", unit="space", disable=not progress, leave=False)
+    # disable=None: tqdm's off switch where stderr is not a terminal (a log file gets no bar lines)
+    bar = tqdm(total=len(solve), desc="align", unit="space", disable=None if progress else True, leave=False)
     try:
         for start in starts:
             element = dict(base)
@@ -126,7 +130,7 @@ def weight_matching(compiled: CompiledSpec, ref: Tensors, other: Tensors, *, fix
             total = sum(inner_products(compiled, element, ref, other).values()) if start != "identity" \
                 else start_total
             result = _descend(compiled, element, ref, other, solve, repeated, total, max_sweeps, tol,
-                              gen if start.startswith("random") else None, bar)
+                              gen if start.startswith("random") else None, bar, start)
             result.objective_before, result.start = start_total, start
             if best is None or result.objective_after > best.objective_after:
                 best = result
@@ -164,12 +168,14 @@ def _solo_start(compiled: CompiledSpec, element: dict[str, torch.Tensor], solve:
 
 def _descend(compiled: CompiledSpec, element: dict[str, torch.Tensor], ref: Tensors, other: Tensors,
              solve: list[str], repeated: set[str], total: float, max_sweeps: int, tol: float,
-             shuffle: torch.Generator | None, bar) -> Matching:
+             shuffle: torch.Generator | None, bar, start: str) -> Matching:
     history = [total]
     last_changed = {s: 0 for s in solve}
-    sweeps = 0
+    sweeps, converged = 0, False
     for sweep in range(1, max_sweeps + 1):
         sweeps = sweep
+        bar.reset()
+        bar.set_description_str(f"align ({start} start), sweep {sweep}")
         order = solve if shuffle is None else [solve[i] for i in torch.randperm(len(solve), generator=shuffle)]
         gain, moved = 0.0, 0.0
         for s in order:
@@ -182,12 +188,13 @@ def _descend(compiled: CompiledSpec, element: dict[str, torch.Tensor], ref: Tens
             bar.update(1)
         total += gain
         history.append(total)
-        bar.set_postfix_str(f"sweep {sweep}, objective {total:.6g}")
+        bar.set_postfix_str(f"objective {total:.6g}")
         if moved <= tol or gain <= 0:
+            converged = True
             break
     # the running total adds up exact local gains; measure the end once (rounding, the steps on repeated spaces)
     final = sum(inner_products(compiled, element, ref, other).values())
-    return Matching(element, history[0], final, sweeps, "identity", history, last_changed)
+    return Matching(element, history[0], final, sweeps, "identity", history, last_changed, converged)
 
 
 def _gradient(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, ref: Tensors,

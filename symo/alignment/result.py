@@ -23,7 +23,9 @@ class AlignWarning(UserWarning):
 class SpaceReport:
     """One space: its group, how it was matched, the objective over the parameters it acts on at the
     identity (`before`) and at the element found (`after`), as cosines <W_ref, g W_other> / (|W_ref|
-    |W_other|), and the last sweep that changed its element (0: the identity was kept)."""
+    |W_other|), the last sweep that changed its element (0: none did) and whether that element is the
+    identity (`identity`: False for a space that no sweep changed but its start moved, the solo or a
+    random start, or activation matching)."""
 
     name: str
     group: str
@@ -34,6 +36,7 @@ class SpaceReport:
     before: float
     after: float
     last_changed: int
+    identity: bool
 
 
 @dataclass
@@ -42,7 +45,8 @@ class AlignResult:
     `elements`: per space, its element: `perm` a LongTensor p with x'_i = x_{p_i}; `signed_perm` a pair
     (p, signs) with x'_i = signs_i x_{p_i}; `orthogonal` a matrix Q with x' = Q x; a `per` space has one
     per index of its owner (a leading axis). `matrices` holds every element as (copies, n, n) matrices,
-    ready for `compiled.act`."""
+    ready for `compiled.act`. `converged`: False when the coordinate descent stopped at `max_sweeps` while
+    elements still moved (`sweeps` then equals it): a larger `max_sweeps` may find a better element."""
 
     model: Any
     elements: dict[str, Any]
@@ -57,19 +61,22 @@ class AlignResult:
     seconds: dict[str, float]
     relaxed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    converged: bool = True
 
     def report(self) -> str:
         """Per space: group, method, the objective before and after (cosine over its parameters), the last
-        sweep that changed it; then the totals."""
+        sweep that changed it (else what set its element, or "-": the identity kept); then the totals."""
         width = max([len(s.name) for s in self.spaces] + [5])
         lines = [f"align ({self.method}), spec {self.compiled.name!r}: {len(self.spaces)} spaces matched, "
                  f"{self.sweeps} sweep{'s' if self.sweeps != 1 else ''}"
+                 + ("" if self.converged else " (the limit, not converged)")
                  + (f", best run started from {self.start}" if self.start != "identity" else ""),
                  f"  {'space':<{width}}  {'group':<28} {'n':>6} {'method':<11} {'before':>8} {'after':>8}  "
                  "last changed"]
         for s in self.spaces:
             group = s.group + (f" per {s.per} (x{s.copies})" if s.per else "")
-            changed = f"sweep {s.last_changed}" if s.last_changed else "-"
+            changed = f"sweep {s.last_changed}" if s.last_changed else "-" if s.identity else \
+                "activations" if s.method == "activations" else f"{self.start} start"
             lines.append(f"  {s.name:<{width}}  {group:<28} {s.size:>6} {s.method:<11} {s.before:>8.4f} "
                          f"{s.after:>8.4f}  {changed}")
         lines.append(f"objective sum <W_ref, g W_other>: {self.objective_before:.6g} -> {self.objective_after:.6g}")

@@ -30,6 +30,7 @@ def align_command(args: argparse.Namespace) -> int:
     a, b, blob_b = _models(args)
     result = _align(a, b, args, restarts=args.restarts, max_sweeps=args.max_sweeps)
     print(result.report())
+    _warn_unconverged(result)
     out = Path(args.output) if args.output else Path(args.other).with_name(Path(args.other).stem + "_aligned.pt")
     _write(out, result.model.state_dict(), blob_b, {"aligned_to": str(args.reference)})
     print(f"wrote {out}")
@@ -40,8 +41,9 @@ def merge_command(args: argparse.Namespace) -> int:
     """`symo merge A B --alpha 0.5 [--no-align]`: (1 - alpha) A + alpha B, B aligned to A first."""
     a, b, blob_b = _models(args)
     if args.align:
-        result = _align(a, b, args)
+        result = _align(a, b, args, restarts=args.restarts, max_sweeps=args.max_sweeps)
         print(result.report())
+        _warn_unconverged(result)
         b = result.model
     merged = interpolate(a, b, args.alpha)
     out = Path(args.output) if args.output else Path(args.other).with_name("merged.pt")
@@ -53,10 +55,15 @@ def merge_command(args: argparse.Namespace) -> int:
 
 def _align(a: torch.nn.Module, b: torch.nn.Module, args: argparse.Namespace, **options: Any):
     sizes = _parse_sizes(args.size) or None
+    inputs = None
+    if args.input_shape is not None:
+        dtype = next((p.dtype for p in a.parameters() if p.is_floating_point()), torch.float32)
+        inputs = torch.randn(args.input_shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", AlignWarning)
         try:
-            result = align(a, b, args.spec, sizes=sizes, check=args.check, progress=args.progress, **options)
+            result = align(a, b, args.spec, sizes=sizes, example_inputs=inputs, check=args.check,
+                           progress=args.progress, strict=not args.partial, **options)
         except AlignError as exc:
             raise CommandError(f"{exc} (nothing was written)", 2) from None
     for w in caught:
@@ -66,6 +73,15 @@ def _align(a: torch.nn.Module, b: torch.nn.Module, args: argparse.Namespace, **o
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return result
+
+
+def _warn_unconverged(result: Any) -> None:
+    """A warning on stderr when the coordinate descent stopped at its sweep limit (the report says it too)."""
+    if not result.converged:
+        sys.stdout.flush()
+        print(f"warning: the alignment stopped at the sweep limit (--max-sweeps {result.sweeps}) before converging, "
+              f"so a better element may exist: rerun with a larger one, e.g. --max-sweeps {4 * result.sweeps}",
+              file=sys.stderr)
 
 
 def _models(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.nn.Module, dict | None]:

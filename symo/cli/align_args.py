@@ -44,6 +44,16 @@ def _alpha(text: str) -> float:
     return value
 
 
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"expected dimensions joined by x, e.g. 2x1x28x28, got {text!r}")
+    return dims
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("reference", action=_PathArg, help="model A: a symo train checkpoint (ckpt.pt) or a state_dict file")
     p.add_argument("other", action=_PathArg, help="model B, of the same architecture")
@@ -54,11 +64,21 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="spec: a .toml path or a bundled name (default: inferred from the model and verified, "
                         "as symo infer does)")
     p.add_argument("--size", action="append", default=[], help="space size the shapes leave open, e.g. head{i}=4")
+    p.add_argument("--partial", action="store_true",
+                   help="drop the spec's rules that match no parameter of the model, instead of an error")
+    p.add_argument("--input-shape", type=_shape, default=None, metavar="DIMS",
+                   help="the model's input, one random float batch of this shape (e.g. 2x1x28x28), for inferring and "
+                        "checking the spec (default: model.example_inputs() if it has one, else guessed as symo infer "
+                        "does)")
     p.add_argument("-o", "--output", action=_PathArg, default=None, help="where to write the result")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the symmetry check (by default a space that is not a true symmetry is named in a "
                         "warning: the result then computes another function there)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--restarts", type=int, default=0, help="random restarts of the coordinate descent (default 0)")
+    p.add_argument("--max-sweeps", type=int, default=100,
+                   help="sweeps over the spaces at most (default 100; a warning says when they run out)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (none is shown either where stderr is not a terminal)")
 
 
 def add_align_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,8 +88,6 @@ def add_align_parser(sub: argparse._SubParsersAction) -> None:
                                    "found computes B's function wherever the spec is a true symmetry. Writes B "
                                    "aligned (default: B_aligned.pt next to B) and prints the per-space report.")
     _common(a)
-    a.add_argument("--restarts", type=int, default=0, help="random restarts of the coordinate descent (default 0)")
-    a.add_argument("--max-sweeps", type=int, default=100, help="sweeps over the spaces at most (default 100)")
     a.set_defaults(run=".align:align_command")
 
 
