@@ -7,12 +7,13 @@ run, and the bytes held in optimizer-state tensors.
     python -m benchmarks.step_overhead             # full run (a few minutes on 2 CPU cores)
     python -m benchmarks.step_overhead --quick     # smoke run
     python -m benchmarks.step_overhead --steps 20 --no-compile --device cuda
+    python -m benchmarks.step_overhead --only soap --out benchmarks/results/step_overhead_soap.md   # SOAP rows
 
 Optimizers: torch AdamW (all parameters); the reference Muon (tests/references.py, the published
 algorithm) on the hidden matrices + torch AdamW on the rest; Symo with specs/gpt_muon.toml (Muon-style,
 eager and torch.compile'd); Symo with specs/gpt.toml (per-head gauges); the reference Shampoo (float64
-eigh every step, as published) on the hidden matrices + AdamW. The table goes to stdout and to
-benchmarks/results/step_overhead.md.
+eigh every step, as published) on the hidden matrices + AdamW; SOAP from Symo's preset, pytorch-optimizer and
+heavyball. The table goes to stdout and to benchmarks/results/step_overhead.md.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def _references():
     return module
 
 
+BASELINES = ("AdamW (torch)", "Muon (reference) + AdamW")
+
+
 def _is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
     """Muon's set: 2-D weights inside the transformer blocks (not embeddings / lm_head)."""
     return p.ndim == 2 and ".h." in name
@@ -54,6 +58,9 @@ def state_bytes(*opts: torch.optim.Optimizer) -> int:
             yield v
         elif isinstance(v, dict):
             for x in v.values():
+                yield from walk(x)
+        elif isinstance(v, (list, tuple)):  # the libraries' SOAP keeps its factors in lists
+            for x in v:
                 yield from walk(x)
 
     return sum(t.numel() * t.element_size() for o in opts for v in o.state.values() for t in walk(v))
@@ -132,12 +139,35 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
             makers[f"Symo {kind}, refresh {freq} (gpt_true.toml)"] = (
                 lambda m, kind=kind, freq=freq: Symo(m.named_parameters(), "gpt_true", sizes=true_sizes, preset=kind,
                                                      precondition_frequency=freq))
+    # SOAP: Symo's preset (both sides from the Muon-style spec) at the authors' refresh every 10 steps and at
+    # heavyball's every 2, beside the two libraries' SOAP on the hidden matrices (AdamW on the rest)
+    for freq in (10, 2):
+        makers[f"Symo soap, refresh {freq} (gpt_muon.toml)"] = (
+            lambda m, freq=freq: Symo(m.named_parameters(), ROOT / "specs" / "gpt_muon.toml", preset="soap",
+                                      precondition_frequency=freq))
+    makers["SOAP (pytorch-optimizer), refresh 10 + AdamW"] = lambda m: Combo(
+        library_soap("pytorch_optimizer", split(m)[0]), torch.optim.AdamW(split(m)[1], **adam_kw))
+    makers["SOAP (heavyball), refresh 2 + AdamW"] = lambda m: Combo(
+        library_soap("heavyball", split(m)[0]), torch.optim.AdamW(split(m)[1], **adam_kw))
     if compile_step:
         makers["Symo Muon-style, torch.compile"] = lambda m: Symo(
             m.named_parameters(), ROOT / "specs" / "gpt_muon.toml", lr=0.02, update_scale="muon", compile=True)
     makers["Shampoo (reference) + AdamW"] = lambda m: Combo(refs.ReferenceShampoo(split(m)[0], lr=1e-3, eps=1e-12),
                                                             torch.optim.AdamW(split(m)[1], **adam_kw))
     return makers
+
+
+def library_soap(library: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """A library's SOAP with its documented defaults (heavyball without torch.compile, as the campaign runs it)."""
+    if library == "heavyball":
+        import heavyball  # a benchmark dependency (the bench extra)
+        import heavyball.utils
+
+        heavyball.utils.compile_mode = None
+        return heavyball.SOAP(params, lr=3e-3, weight_decay=0.0)
+    import pytorch_optimizer  # a benchmark dependency (the bench extra)
+
+    return pytorch_optimizer.SOAP(params, lr=3e-3, weight_decay=0.0)
 
 
 def is_slow(name: str) -> bool:
@@ -163,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd Symo step")
     ap.add_argument("--slow-steps", type=int, default=2,
                     help="timed steps for the slow rows (Shampoo; the published step refreshed every step)")
+    ap.add_argument("--only", default=None,
+                    help="time only the rows whose name contains this text, any case (AdamW and Muon, the baselines, "
+                         "always)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "step_overhead.md"))
@@ -185,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     # rounds, so background load on a shared machine hits them all alike
     runs, results = {}, {}
     for name, make in make_optimizers(not args.no_compile, refs).items():
+        if args.only is not None and args.only.lower() not in name.lower() and name not in BASELINES:
+            continue
         model = copy.deepcopy(base)
         try:
             opt = make(model)
@@ -211,8 +246,8 @@ def main(argv: list[str] | None = None) -> None:
                              steps=len(times))
         print(f"{name}: {results[name]['median'] * 1e3:.1f} ms/step", flush=True)
 
-    adam = results["AdamW (torch)"]["median"]
-    muon = results["Muon (reference) + AdamW"]["median"]
+    adam = results[BASELINES[0]]["median"]
+    muon = results[BASELINES[1]]["median"]
     adam_bytes = results["AdamW (torch)"]["bytes"]
     rows = ["| optimizer | median ms/step | mean ms | x AdamW | x Muon | mean x Muon | state MB | state / AdamW | "
             "steps |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -268,6 +303,13 @@ def main(argv: list[str] | None = None) -> None:
     step_json = {name: {"ms": r["median"] * 1e3, "mean_ms": r["mean"] * 1e3, "x_muon": r["median"] / muon,
                          "mean_x_muon": r["mean"] / muon_mean, "x_adamw": r["median"] / adam,
                          "state_x_adamw": r["bytes"] / adam_bytes} for name, r in results.items() if "median" in r}
+    for freq, library in ((10, "pytorch-optimizer"), (2, "heavyball")):
+        ours, theirs = results.get(f"Symo soap, refresh {freq} (gpt_muon.toml)", {}), results.get(
+            f"SOAP ({library}), refresh {freq} + AdamW", {})
+        if "mean" in ours and "mean" in theirs:
+            notes.append(f"Symo soap / SOAP ({library}), both refreshing every {freq} steps: mean step "
+                         f"{ours['mean'] / theirs['mean']:.2f}x (goal <= 1), "
+                         f"state {ours['bytes'] / theirs['bytes']:.2f}x")
     for kind in ("published", "eigen_adam", "then_orthogonalize"):
         r10 = results.get(f"Symo {kind}, refresh 10 (gpt_true.toml)", {})
         if "mean" in r10:

@@ -103,12 +103,19 @@ def drop_null_columns(basis: torch.Tensor, average: torch.Tensor) -> torch.Tenso
     return basis * keep.unsqueeze(-2)
 
 
-def rotate(y: torch.Tensor, left: torch.Tensor | None, right: torch.Tensor | None, back: bool) -> torch.Tensor:
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b over the block's batch; one batch element (a whole weight matrix) as a plain 2-D product, which
+    runs faster on CPU than the batched kernel."""
+    return (a[0] @ b[0]).unsqueeze(0) if a.shape[0] == 1 and b.shape[0] == 1 else a @ b
+
+
+def rotate(y: torch.Tensor, left: torch.Tensor | None, right: torch.Tensor | None, back: bool = False
+           ) -> torch.Tensor:
     """Q_L^T Y Q_R (back: Q_L Y Q_R^T), a missing side the identity."""
     if left is not None:
-        y = (left if back else left.transpose(-1, -2)) @ y
+        y = matmul(left if back else left.transpose(-1, -2), y)
     if right is not None:
-        y = y @ (right.transpose(-1, -2) if back else right)
+        y = matmul(y, right.transpose(-1, -2) if back else right)
     return y
 
 
@@ -150,12 +157,12 @@ class EigenAdam(Kind):
         for (key, _, axis), on in zip(SIDES, self.rotated_sides(b.plan.mult, b.plan.width)):
             if not on:
                 continue
-            stat = y @ y.transpose(-1, -2) if axis == -2 else y.transpose(-1, -2) @ y
+            stat = matmul(y, y.transpose(-1, -2)) if axis == -2 else matmul(y.transpose(-1, -2), y)
             old = b.state.get(key)
             if old is None or beta2 == 0.0:
                 b.state[key] = stat if beta2 in (0.0, 1.0) else stat * (1 - beta2)
             else:  # a new tensor, never a write into the old one: a step that raises puts the old one back
-                b.state[key] = old.add(stat) if beta2 == 1.0 else old.mul(beta2).add(stat, alpha=1 - beta2)
+                b.state[key] = old.add(stat) if beta2 == 1.0 else old.lerp(stat, 1 - beta2)
         b.scratch["folded"] = True
 
     def update(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
@@ -224,9 +231,7 @@ class EigenAdam(Kind):
                 y = b.coords["u"]
                 out.append({"u": y if left is None else (left @ y.to(left.dtype)).to(y.dtype)})
                 continue
-            keys = list(b.coords)
-            both = rotate(torch.stack([b.coords[k].to(ctx.stats_dtype) for k in keys]), left, right, back=False)
-            rotated = dict(zip(keys, both.unbind(0)))
+            rotated = {k: rotate(v.to(ctx.stats_dtype), left, right) for k, v in b.coords.items()}
             if stage < ctx.n_stages - 1:
                 out.append({k: v.to(b.coords[k].dtype) for k, v in rotated.items()})
                 continue
@@ -241,7 +246,7 @@ class EigenAdam(Kind):
         t = st["adam_step"] = st.get("adam_step", 0) + 1
         v = st.get("exp_avg_sq")
         v = torch.zeros_like(g) if v is None else v
-        st["exp_avg_sq"] = v = v.mul(o.adam_beta2).addcmul(g, g, value=1 - o.adam_beta2)
+        st["exp_avg_sq"] = v = v.lerp(g * g, 1 - o.adam_beta2)
         debias1, debias2 = 1 - ctx.beta1 ** t, 1 - o.adam_beta2 ** t
         if o.eps_placement == "authors":
             return u * (math.sqrt(debias2) / debias1) / (v.sqrt() + o.eps)
