@@ -50,7 +50,8 @@ ARMS: dict[str, dict[str, Any]] = {
            ("then_orthogonalize", {"preset": "then_orthogonalize"}, [0.01, 0.02, 0.04]),
            ("soap", {"preset": "soap"}, [1.5e-3, 3e-3, 6e-3]),
            # SOAP-Muon: the polar factor of SOAP's direction, both sides from one spec, Muon's scale
-           ("soap_muon", {"preset": "then_orthogonalize", "inner": "eigen_adam", "gamma": None, "two_sided": True},
+           ("soap_muon", {"preset": "then_orthogonalize", "inner": "eigen_adam", "two_sided": True,
+                          "stats_dtype": "float32"},
             [0.01, 0.02, 0.04]))
        for spec in ("gpt_true", "gpt_muon")},
 }

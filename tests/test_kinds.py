@@ -274,7 +274,8 @@ def test_then_orthogonalize_is_pmuon_with_an_exact_polar_factor(two_sided):
     target = torch.randn(6, 4, dtype=F64)
     rows = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
     cols = symo.parse_spec('[spaces]\nc = "signed_perm"\n[params]\nw = ["_", "c"]\n')
-    extra = {"geometric_mean_with": cols} if two_sided else {}
+    # the inner root's power is the whole curvature's: -0.3 on each side is -0.6 over the two stages
+    extra = {"geometric_mean_with": cols, "power": -0.6} if two_sided else {}
     opt = Symo({"w": w}, rows, preset="then_orthogonalize", lr=0.1, precondition_frequency=2, backend="eigh",
                stats_dtype="float64", **extra)
     grads, updates = train_matrix(opt, w, target)
@@ -291,7 +292,8 @@ KIND_CASES = [  # (preset or options, the option changed and its new value)
     ({"preset": "published"}, "beta2", 0.9),
     ({"preset": "published"}, "damping", 1e-2),
     ({"preset": "eigen_adam"}, "adam_beta2", 0.5),
-    ({"preset": "then_orthogonalize", "precondition_frequency": 3}, "gamma", 0.6),
+    ({"preset": "then_orthogonalize", "precondition_frequency": 3}, "power", -0.6),
+    ({"preset": "then_orthogonalize", "inner": "eigen_adam", "two_sided": True}, "adam_beta2", 0.5),
 ]
 
 
@@ -335,10 +337,11 @@ def test_an_option_changed_mid_run_takes_effect_at_the_next_step(options, name, 
 def test_options_of_another_kind_are_refused_with_the_kinds_that_have_them():
     model = torch.nn.Linear(4, 3)
     spec = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nweight = ["r", "_"]\n')
-    with pytest.raises(TypeError, match="gamma is not an option of preconditioner 'root'.*then_orthogonalize"):
-        Symo(model.named_parameters(), spec, preconditioner="root", gamma=0.3)
-    with pytest.raises(ValueError, match="gamma is the power of inner='root'"):
-        Symo(model.named_parameters(), spec, preconditioner="then_orthogonalize", inner="eigen_adam", gamma=0.3)
+    with pytest.raises(TypeError, match="two_sided is not an option of preconditioner 'root'.*eigen_adam"):
+        Symo(model.named_parameters(), spec, preconditioner="root", two_sided=True)
+    with pytest.raises(TypeError, match="power is not an option of preconditioner 'then_orthogonalize' with inner "
+                                        "'eigen_adam'; its options are .*'two_sided'"):
+        Symo(model.named_parameters(), spec, preconditioner="then_orthogonalize", inner="eigen_adam", power=-0.3)
     with pytest.raises(ValueError, match="update_scale='muon' has no meaning for preconditioner 'eigen_adam'"):
         Symo(model.named_parameters(), spec, preset="eigen_adam", update_scale="muon")
 

@@ -84,7 +84,7 @@ def test_soap_muon_is_the_polar_factor_of_soaps_direction():
     w = torch.nn.Parameter(torch.randn(5, 5, dtype=F64))
     twin = torch.nn.Parameter(w.detach().clone())
     spec = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
-    opt = Symo({"w": w}, spec, preset="then_orthogonalize", inner="eigen_adam", gamma=None, two_sided=True,
+    opt = Symo({"w": w}, spec, preset="then_orthogonalize", inner="eigen_adam", two_sided=True,
                nesterov=False, backend="eigh", stats_dtype="float64", precondition_frequency=3, lr=0.05)
     lib = pytorch_optimizer.SOAP([twin], lr=1.0, weight_decay=0.0, precondition_frequency=3)
     target = torch.randn(5, 5, dtype=F64)

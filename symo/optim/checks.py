@@ -5,7 +5,10 @@ time (another spec, width or parameter set is refused before anything is loaded)
 from __future__ import annotations
 
 import math
+import types
+import typing
 from collections.abc import Iterable, Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,46 +26,48 @@ NamedParams = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | 
 GROUP_KEYS = ("lr", "beta1", "nesterov", "weight_decay", "adamw_lr", "adamw_betas", "adamw_eps", "adamw_wd")
 
 
-_FLOATS = ("beta1", "beta2", "damping", "power", "weight_decay", "adamw_rms")
-_OPTIONAL_FLOATS = ("gamma", "adam_beta2", "eps")  # None: the kind's default
-_INTS = ("precondition_frequency", "eigh_max_size", "ns_steps", "ns_inverse_steps", "max_precond_dim")
-_BOOLS = ("nesterov", "check_finite", "compile", "two_sided")
-_CHOICES = {"statistic": ("momentum", "gradient"), "damping_mode": ("relative", "absolute"),
-            "update_scale": ("natural", "muon", "adamw"), "backend": ("auto", "eigh", "newton_schulz"),
-            "ns_method": ("auto", "iterate", "spectral"), "stats_dtype": ("auto", "float64", "float32"),
-            "damping_scope": ("all", "block"), "inner": ("root", "eigen_adam"), "first_step": ("skip", "update"),
-            "statistic_timing": ("after", "before"), "null_directions": ("keep", "drop"),
-            "eps_placement": ("authors", "adam", "clamp")}
-
-
 def _is_real(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def type_problem(hint: object, value: object) -> str | None:
+    """What a value of option type `hint` must be, when `value` is not one (None: it is, or the type is one
+    that the config checks itself: a class, a spec, a union of classes)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return None if isinstance(value, bool) else "True or False"
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an int"
+    if hint is float:
+        return None if _is_real(value) else "a number"
+    if hint is str:
+        return None if isinstance(value, str) else "a string"
+    if origin is typing.Literal:
+        return None if isinstance(value, type(args[0])) else f"one of {args}"
+    if origin is tuple:
+        ok = isinstance(value, (tuple, list)) and all(type_problem(a, v) is None for a, v in zip(args, value))
+        return None if ok else "a tuple of numbers"
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        plain = [a for a in args if a is not type(None)]
+        if not all(a in (bool, int, float, str) or typing.get_origin(a) is typing.Literal for a in plain):
+            return None
+        problems = [type_problem(a, value) for a in plain]
+        return None if None in problems else " or ".join(p for p in problems if p)
+    return None
+
+
 def check_types(cfg: object) -> None:
-    """TypeError naming the option for a value of the wrong kind (before any comparison misleads); `cfg`
-    is one feature's config, and only the options it has are checked."""
-    have = vars(cfg)
-    for name in _FLOATS:
-        if name in have and not _is_real(have[name]):
-            raise TypeError(f"{name} must be a number, got {have[name]!r}")
-    for name in _OPTIONAL_FLOATS:
-        if have.get(name) is not None and not _is_real(have[name]):
-            raise TypeError(f"{name} must be a number, got {have[name]!r}")
-    for name in _INTS:
-        value = have.get(name, 0)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-    for name in _BOOLS:
-        if name in have and not isinstance(have[name], bool):
-            raise TypeError(f"{name} must be True or False, got {have[name]!r}")
-    for name, allowed in _CHOICES.items():
-        if name in have and not isinstance(have[name], str):
-            raise TypeError(f"{name} must be one of {allowed}, got {have[name]!r}")
-    value = have.get("ns_coeffs", ())
-    if not isinstance(value, (tuple, list)) or not all(_is_real(c) for c in value):
-        raise TypeError(f"ns_coeffs must be a tuple of numbers, got {value!r}")
-    gm = have.get("geometric_mean_with")
+    """TypeError naming the option for a value of the wrong kind (before any comparison misleads), every
+    option's type read from its config dataclass's annotation (the one statement of it)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        problem = type_problem(hints[f.name], value)
+        if problem is not None:
+            raise TypeError(f"{f.name} must be {problem}, got {value!r}")
+    gm = getattr(cfg, "geometric_mean_with", None)
     if gm is not None and not isinstance(gm, (str, Path, Spec, CompiledSpec)):
         raise TypeError(f"geometric_mean_with must be a spec (path, name, Spec or CompiledSpec), got {gm!r}")
 

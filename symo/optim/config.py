@@ -137,8 +137,17 @@ _PREFIX = {"distributed": "distributed_"}
 FLAT: dict[str, tuple[str, str]] = {
     (_ADAMW_FLAT[f.name] if feature == "adamw" else _PREFIX.get(feature, "") + f.name): (feature, f.name)
     for feature, cls in FEATURES.items() for f in fields(cls)}
+
+
+def _kind_options(cls: type[KindConfig]) -> tuple[str, ...]:
+    """Every option a kind can have: its fields and, for a composing kind, those of each kind it can hold."""
+    own = tuple(f.name for f in fields(cls))
+    inner = (n for make in cls.inner_kinds.values() for n in _kind_options(type(make())))
+    return tuple(dict.fromkeys((*own, *inner)))
+
+
 # kind -> its options; an option name -> the kinds that have it
-KIND_OPTIONS: dict[str, tuple[str, ...]] = {k: tuple(f.name for f in fields(c)) for k, (c, _) in KINDS.items()}
+KIND_OPTIONS: dict[str, tuple[str, ...]] = {k: _kind_options(c) for k, (c, _) in KINDS.items()}
 OWNERS: dict[str, list[str]] = {name: [k for k, names in KIND_OPTIONS.items() if name in names]
                                  for name in dict.fromkeys(n for names in KIND_OPTIONS.values() for n in names)}
 DEFAULT_KIND = "polar"
@@ -170,7 +179,28 @@ def make_kind_config(value: Any, changes: dict[str, Any]) -> KindConfig:
     for name in changes:
         if name not in KIND_OPTIONS[kind]:
             raise not_an_option(name, kind)
-    return replace(base, **changes) if base is not None else KINDS[kind][0](**changes)
+    return configured(KINDS[kind][0]() if base is None else base, changes)
+
+
+def configured(base: KindConfig, changes: dict[str, Any]) -> KindConfig:
+    """`base` with `changes` applied: its own fields here, the others to the inner kind's config of a composing
+    kind (`inner="name"` first, which starts that kind from its default)."""
+    own = {f.name for f in fields(base)}
+    mine = {k: v for k, v in changes.items() if k in own}
+    rest = {k: v for k, v in changes.items() if k not in own}
+    if isinstance(mine.get("inner"), str) and mine["inner"] in base.inner_kinds:
+        mine["inner"] = base.inner_kinds[mine["inner"]]()
+    if rest:
+        inner = mine.get("inner", base.composed)
+        if not isinstance(inner, KindConfig):
+            raise not_an_option(next(iter(rest)), base.kind)
+        for name in rest:
+            if name not in inner.option_names():
+                names = [f.name for f in fields(base)] + [n for n in inner.option_names() if n not in own]
+                raise TypeError(f"{name} is not an option of preconditioner {base.kind!r} with inner {inner.kind!r}; "
+                                f"its options are {names}")
+        mine["inner"] = configured(inner, rest)
+    return replace(base, **mine)
 
 
 @dataclass(init=False, repr=False, eq=False)
@@ -224,8 +254,9 @@ class SymoConfig:
             return getattr(getattr(self, feature), fld)
         if name in OWNERS:
             pre = self.__dict__.get("preconditioner")
-            if pre is not None and name in KIND_OPTIONS[pre.kind]:
-                return getattr(pre, name)
+            holder = None if pre is None else pre.holder(name)
+            if holder is not None:
+                return getattr(holder, name)
             raise AttributeError(str(not_an_option(name, pre.kind if pre is not None else DEFAULT_KIND)))
         raise AttributeError(f"SymoConfig has no option {name!r}; the options are {sorted(FLAT)}, 'preconditioner' "
                              "and the kind's options")
@@ -235,18 +266,21 @@ class SymoConfig:
         if name in FLAT:
             feature, fld = FLAT[name]
             setattr(getattr(self, feature), fld, value)
-        elif name in KIND_OPTIONS[self.kind]:
-            setattr(self.preconditioner, name, value)
+        elif self.preconditioner.holder(name) is not None:
+            setattr(self.preconditioner.holder(name), name, value)
         elif name in FEATURES or name == "preconditioner":
             raise AttributeError(f"replace the whole {name} with cfg.replace({name}=...) and a new optimizer")
         else:
             raise AttributeError(str(not_an_option(name, self.kind)))
 
     def flat(self) -> dict[str, Any]:
-        """{flat option name: value}: every option, the kind's included."""
+        """{flat option name: value}: every option, the kind's included (a composing kind's `inner` by its name, and the
+        inner kind's options beside it)."""
         out = {name: getattr(self, name) for name in FLAT}
-        return {**out, "preconditioner": self.kind, **{n: getattr(self.preconditioner, n)
-                                                        for n in KIND_OPTIONS[self.kind]}}
+        kind = {n: self.preconditioner.option(n) for n in self.preconditioner.option_names()}
+        if "inner" in kind:  # a composing kind: its inner kind by name, whose options are listed flat beside it
+            kind["inner"] = kind["inner"].kind
+        return {**out, "preconditioner": self.kind, **kind}
 
     def replace(self, **changes: Any) -> SymoConfig:
         """A copy with `changes` (flat names, feature names or `preconditioner`) applied and checked; the

@@ -100,14 +100,14 @@ class Symo(torch.optim.Optimizer):
         named = {n: p for g in user_groups for n, p in g["params"]}
         shapes = {n: tuple(p.shape) for n, p in named.items()}
         device = next(iter(named.values())).device
-        self.stats_dtype = resolve_stats_dtype(getattr(cfg.preconditioner, "stats_dtype", "auto"), device)
+        self.stats_dtype = resolve_stats_dtype(cfg.preconditioner.option("stats_dtype", "auto"), device)
         self.compiled = compile_subset(spec, shapes, sizes, strict)
         covered = set(self.compiled.param_names)
         missing = sorted(covered - set(named))
         if missing:
             raise ValueError(f"the spec covers parameters that were not given to the optimizer: {missing}")
         specs = [self.compiled]
-        partner = getattr(cfg.preconditioner, "geometric_mean_with", None)
+        partner = cfg.preconditioner.option("geometric_mean_with")
         if partner is not None:
             specs.append(compile_subset(partner, shapes, sizes, strict))
             if set(specs[1].param_names) != covered:

@@ -77,7 +77,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             update_scale="natural"),
     _preset("then_orthogonalize", 0.02, "PMuon: polar(S^-0.3 u), Muon's momentum and scale, EMA 0.95 of the "
             "gradient's statistic every 10 steps",
-            preconditioner="then_orthogonalize", inner="root", gamma=0.3, beta1=0.95, nesterov=True, beta2=0.95,
+            preconditioner="then_orthogonalize", inner="root", power=-0.3, beta1=0.95, nesterov=True, beta2=0.95,
             statistic="gradient", precondition_frequency=10, stats_dtype="float32", update_scale="muon"),
 )}
 ALIASES = {"paper": "published"}

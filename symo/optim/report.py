@@ -11,7 +11,7 @@ import torch
 
 from ..runtime.compiled import BlockInfo
 from ..runtime.text import fit_lines, summarize_names
-from .config import KIND_OPTIONS, SymoConfig
+from .config import SymoConfig
 from .kinds.base import update_scale_factor
 from .matrix_functions import ns_method
 from .plan import BlockPlan
@@ -25,8 +25,9 @@ def describe(opt: Symo) -> str:
     stages = opt.plan
     sym = [n for n, k in opt.assignment.items() if k == "symo"]
     adam = [n for n, k in opt.assignment.items() if k == "adamw"]
-    kind_options = " ".join(f"{n}={getattr(cfg.preconditioner, n)!r}" for n in KIND_OPTIONS[cfg.kind]
-                            if n not in ("ns_coeffs", "geometric_mean_with"))
+    values = {n: cfg.preconditioner.option(n) for n in cfg.preconditioner.option_names()
+              if n not in ("ns_coeffs", "geometric_mean_with")}
+    kind_options = " ".join(f"{n}={getattr(v, 'kind', v)!r}" for n, v in values.items())
     lines = [f"Symo: {len(sym)} parameters preconditioned by spec {opt.compiled.name!r}"
              + (f" # {stages[1].compiled.name!r}" if len(stages) > 1 else "")
              + f", {len(adam)} to AdamW",

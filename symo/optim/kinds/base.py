@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -30,12 +30,41 @@ from ..plan import BlockPlan
 # ------------------------------------------------------------------ option groups of the kind configs
 @dataclass
 class KindConfig:
-    """Base of every kind's config. `kind` names the kind (not an option)."""
+    """Base of every kind's config. `kind` names the kind (not an option).
+
+    A composing kind (then_orthogonalize) holds another kind's config in its field `inner`; that config's options
+    are the composing kind's options too, reached by their own names (`option_names`, `holder`)."""
 
     kind: ClassVar[str] = ""
+    inner_kinds: ClassVar[dict[str, Callable[[], KindConfig]]] = {}
+    """A composing kind: {inner kind name: its default config}, for `inner="name"`."""
 
     def __post_init__(self) -> None:
         check_types(self)
+
+    @property
+    def composed(self) -> KindConfig | None:
+        """The inner kind's config of a composing kind; None for a plain kind."""
+        inner = getattr(self, "inner", None)
+        return inner if isinstance(inner, KindConfig) else None
+
+    def option_names(self) -> tuple[str, ...]:
+        """Every option of this config: its own fields, then the inner kind's that it does not have itself."""
+        own = tuple(f.name for f in fields(self))
+        inner = self.composed
+        return own if inner is None else own + tuple(n for n in inner.option_names() if n not in own)
+
+    def holder(self, name: str) -> KindConfig | None:
+        """The config that holds option `name` (this one, or the inner kind's); None if neither has it."""
+        if name in {f.name for f in fields(self)}:
+            return self
+        inner = self.composed
+        return None if inner is None else inner.holder(name)
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """The value of option `name` wherever it is held, or `default` when the kind has no such option."""
+        holder = self.holder(name)
+        return default if holder is None else getattr(holder, name)
 
 
 @dataclass
@@ -222,12 +251,19 @@ class Kind:
     """The optimizer's first step only builds this kind's statistics: no update, no weight decay, and the momentum
     starts at the second step (SOAP)."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, options: Callable[[], Any] | None = None) -> None:
         self.config = config  # the optimizer's SymoConfig (its `preconditioner` is this kind's config)
+        self._options = options  # a composed kind: its config, held by the composing kind's config
 
     @property
     def options(self) -> Any:
-        return self.config.preconditioner
+        return self.config.preconditioner if self._options is None else self._options()
+
+    @property
+    def update_scale(self) -> str:
+        """The update-scale convention of this kind's result: the optimizer's, or natural for a composed kind
+        (the composing kind applies the scale to its own result)."""
+        return self.config.update_scale if self._options is None else "natural"
 
     # the stages, in order, that one step visits, each with a direction ("in", or a kind's own)
     def passes(self, n_stages: int) -> list[tuple[int, str]]:

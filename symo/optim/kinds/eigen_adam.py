@@ -237,7 +237,7 @@ class EigenAdam(Kind):
                 continue
             n = rotate(self.adam(b, rotated["u"], rotated.get("g", rotated["u"]), ctx), left, right, back=True)
             cfg = self.config
-            out.append({"u": finish(n.to(b.coords["u"].dtype), b.plan, cfg.update_scale, cfg.adamw_rms, 1.0)})
+            out.append({"u": finish(n.to(b.coords["u"].dtype), b.plan, self.update_scale, cfg.adamw_rms, 1.0)})
         return out
 
     def adam(self, b: BlockStep, u: torch.Tensor, g: torch.Tensor, ctx: StepContext) -> torch.Tensor:

@@ -100,8 +100,8 @@ class Published(Kind):
     needs_weights = True
     update_scales = ("natural", "adamw")
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
+    def __init__(self, config, options=None) -> None:
+        super().__init__(config, options)
         self.changes = RefreshOnChange()
 
     def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:

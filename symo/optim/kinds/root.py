@@ -64,8 +64,8 @@ class RootConfig(AveragedOptions, DampingOptions, PowerOptions):
 class Root(Kind):
     name = "root"
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
+    def __init__(self, config, options=None) -> None:
+        super().__init__(config, options)
         self.changes = RefreshOnChange()
 
     def stage_power(self, n_stages: int) -> float:
@@ -125,6 +125,6 @@ class Root(Kind):
             y, precond = b.coords["u"], b.state["precond"]
             diagonal = b.plan.mult > self.options.max_precond_dim
             z = ((precond * y.to(precond.dtype)) if diagonal else (precond @ y.to(precond.dtype))).to(y.dtype)
-            scale = update_scale_factor(b.plan, cfg.update_scale, power, stage == 0)
-            out.append({"u": finish(z, b.plan, cfg.update_scale if last else "natural", cfg.adamw_rms, scale)})
+            scale = update_scale_factor(b.plan, self.update_scale, power, stage == 0)
+            out.append({"u": finish(z, b.plan, self.update_scale if last else "natural", cfg.adamw_rms, scale)})
         return out

@@ -1,73 +1,58 @@
-"""then_orthogonalize: precondition the momentum by the averaged curvature, then take its polar factor (the
-variants that beat tuned Muon in public records). Per block of the spec:
+"""then_orthogonalize: precondition the momentum by another kind, then take its polar factor (the variants that beat
+tuned Muon in public records). Per block of the spec:
 
-    P = S^{-gamma} u          (inner="root": PMuon, polar(L^-gamma M R^-gamma) with geometric_mean_with=)
-      or eigen_adam's step    (inner="eigen_adam": SOAP-Muon)
-    P <- P ||u||_F / ||P||_F  (back to the momentum's norm, per block)
+    P = the inner kind's result on u    (inner="root": S^{power} u, PMuon; with geometric_mean_with= a second spec
+                                         polar(L^{power/2} M R^{power/2}); inner="eigen_adam": SOAP's direction,
+                                         SOAP-Muon, both sides from one spec with two_sided=True)
+    P <- P ||u||_F / ||P||_F            (back to the momentum's norm, per block)
     update = sqrt(max(1, rows / cols)) polar(P)   by Newton–Schulz (Muon's scale), or exactly (backend="eigh")
 
-The statistics are EMAs of the raw gradient's block statistics by default (PMuon's covariances).
+The config holds the inner kind's own config (`inner`, a RootConfig or an EigenAdamConfig); its options are this
+kind's options too, reached by their names (`Symo(..., preset="then_orthogonalize", power=-0.5)` sets the inner
+root's power), and checked once by that config. The default inner is PMuon's: the power -0.3 of an EMA (0.95) of
+the raw gradient's block statistics, by eigh, refreshed every 10 steps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
 from ...runtime.compiled import BlockInfo
 from ..checks import raise_first
 from ..matrix_functions import current_statistic_apply
-from .base import (
-    AveragedOptions,
-    BlockStep,
-    DampingOptions,
-    Kind,
-    NewtonSchulzOptions,
-    StepContext,
-    finish,
-    update_scale_factor,
-)
+from .base import BlockStep, Kind, KindConfig, NewtonSchulzOptions, StepContext, finish, update_scale_factor
 from .eigen_adam import EigenAdam, EigenAdamConfig
-from .root import Root
+from .root import Root, RootConfig
 
-DEFAULT_GAMMA, DEFAULT_ADAM_BETA2, DEFAULT_EPS = 0.3, 0.95, 1e-8
+
+def pmuon_root() -> RootConfig:
+    """PMuon's inner step: S^{-0.3} of an EMA (0.95) of the raw gradient's statistics, by eigh, every 10 steps."""
+    return RootConfig(statistic="gradient", precondition_frequency=10, power=-0.3, backend="eigh")
 
 
 @dataclass
-class ThenOrthogonalizeConfig(AveragedOptions, DampingOptions, NewtonSchulzOptions):
-    """Precondition, then orthogonalize."""
+class ThenOrthogonalizeConfig(NewtonSchulzOptions):
+    """Precondition by the inner kind, then orthogonalize (the Newton–Schulz options are the polar factor's)."""
 
     kind: ClassVar[str] = "then_orthogonalize"
-    inner: Literal["root", "eigen_adam"] = "root"
-    """root: S^{-gamma} of the averaged statistic (PMuon); eigen_adam: Adam in its eigenbasis (SOAP-Muon)."""
-    gamma: float | None = None
-    """inner="root": the power -gamma of each stage's statistic (default 0.3)."""
-    adam_beta2: float | None = None
-    """inner="eigen_adam": Adam's second-moment EMA (default 0.95)."""
-    eps: float | None = None
-    """inner="eigen_adam": Adam's epsilon (default 1e-8)."""
-    statistic: str = "gradient"
-    precondition_frequency: int = 10
-    geometric_mean_with: object = None
-    """A second spec: both sides preconditioned (PMuon's L^-gamma M R^-gamma; SOAP's Q_L, Q_R)."""
-    two_sided: bool = False
-    """inner="eigen_adam": both sides of each block rotated, from one spec (SOAP-Muon)."""
+    inner_kinds: ClassVar[dict] = {"root": pmuon_root, "eigen_adam": EigenAdamConfig}
+    inner: KindConfig = field(default_factory=pmuon_root)
+    """The inner kind's config: RootConfig (PMuon; default `pmuon_root()`) or EigenAdamConfig (SOAP-Muon); or its
+    name, "root" or "eigen_adam", for that kind's default."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.inner, str) and self.inner in self.inner_kinds:
+            self.inner = self.inner_kinds[self.inner]()
         super().__post_init__()
         raise_first([
-            (self.inner in ("root", "eigen_adam"), f"inner must be 'root' or 'eigen_adam', got {self.inner!r}"),
-            (self.inner == "root" or self.gamma is None,
-             "gamma is the power of inner='root'; inner='eigen_adam' does not use it"),
-            (self.inner == "eigen_adam" or not self.two_sided, "two_sided is an option of inner='eigen_adam'"),
-            (self.inner == "eigen_adam" or (self.adam_beta2 is None and self.eps is None),
-             "adam_beta2 and eps are options of inner='eigen_adam'; inner='root' does not use them"),
-            (self.gamma is None or 0.0 < self.gamma <= 1.0, f"gamma must be in (0, 1], got {self.gamma}"),
-            (self.adam_beta2 is None or 0.0 <= self.adam_beta2 < 1.0,
-             f"adam_beta2 must be in [0, 1), got {self.adam_beta2}"),
+            (isinstance(self.inner, (RootConfig, EigenAdamConfig)),
+             f"inner must be 'root', 'eigen_adam', a RootConfig or an EigenAdamConfig, got {self.inner!r}"),
+            (not isinstance(self.inner, RootConfig) or self.inner.backend == "eigh",
+             "inner: then_orthogonalize's inner root takes its power by eigh (backend='eigh'); the backend option "
+             "of then_orthogonalize is the polar factor's"),
         ])
 
 
@@ -75,33 +60,13 @@ class ThenOrthogonalize(Kind):
     name = "then_orthogonalize"
     update_scales = ("muon", "natural", "adamw")
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        self.inner = self._inner()
+    def __init__(self, config, options=None) -> None:
+        super().__init__(config, options)
+        inner_kind = {RootConfig: Root, EigenAdamConfig: EigenAdam}[type(self.options.inner)]
+        self.inner: Kind = inner_kind(config, lambda: self.options.inner)
 
-    def _inner(self) -> Kind:
-        o = self.options
-        view = SimpleNamespace(update_scale="natural", adamw_rms=1.0, batch_blocks=False)
-        if o.inner == "root":
-            view.preconditioner = SimpleNamespace(
-                statistic=o.statistic, beta2=o.beta2, damping=o.damping, damping_mode=o.damping_mode,
-                precondition_frequency=o.precondition_frequency, power=None, backend="eigh", eigh_max_size=0,
-                ns_inverse_steps=1, geometric_mean_with=o.geometric_mean_with, max_precond_dim=o.max_precond_dim)
-            return Root(view)
-        view.preconditioner = EigenAdamConfig(
-            statistic=o.statistic, beta2=o.beta2, precondition_frequency=o.precondition_frequency,
-            adam_beta2=DEFAULT_ADAM_BETA2 if o.adam_beta2 is None else o.adam_beta2,
-            eps=DEFAULT_EPS if o.eps is None else o.eps, geometric_mean_with=o.geometric_mean_with,
-            max_precond_dim=o.max_precond_dim, two_sided=o.two_sided)
-        return EigenAdam(view)
-
-    def _sync(self, n_stages: int) -> None:
-        """Options a schedule may change reach the inner kind at every step."""
-        o, inner = self.options, self.inner.options
-        inner.beta2, inner.precondition_frequency = o.beta2, o.precondition_frequency
-        if self.options.inner == "root":
-            inner.power = -(DEFAULT_GAMMA if o.gamma is None else o.gamma) * n_stages  # -gamma per stage
-            inner.damping, inner.damping_mode = o.damping, o.damping_mode
+    def statistic_key(self) -> str:
+        return self.inner.statistic_key()
 
     @property
     def carried(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -129,7 +94,6 @@ class ThenOrthogonalize(Kind):
         return self.inner.state_shapes(block, stage, n_stages)
 
     def update(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
-        self._sync(ctx.n_stages)
         if stage == 0:
             for b in blocks:
                 b.scratch["u_norm"] = b.coords["u"].norm(dim=(-2, -1), keepdim=True)
@@ -157,6 +121,6 @@ class ThenOrthogonalize(Kind):
             p = res["u"]
             p = p * (b.scratch["u_norm"] / p.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-30)).to(p.dtype)
             z, extra = current_statistic_apply(p, p, b.plan, o, -0.5, 0.0, False, ctx.stats_dtype)
-            scale = update_scale_factor(b.plan, cfg.update_scale, -0.5, True) * extra
-            final.append({"u": finish(z, b.plan, cfg.update_scale, cfg.adamw_rms, scale)})
+            scale = update_scale_factor(b.plan, self.update_scale, -0.5, True) * extra
+            final.append({"u": finish(z, b.plan, self.update_scale, cfg.adamw_rms, scale)})
         return final
