@@ -20,15 +20,15 @@ WORLDS=1,2
 if [ "$N" -gt 2 ]; then WORLDS="$WORLDS,$N"; fi
 "$PY" -m benchmarks.distributed --device cuda --backend nccl --worlds "$WORLDS" --out "$OUT/distributed"
 
-# 2. symo train under torchrun: DDP, then FSDP2; the defaults (gpt_muon, the Muon path), then the paper
-#    preset on gpt_true (stored block statistics, gathered into each checkpoint)
+# 2. symo train under torchrun: DDP, then FSDP2; the defaults (gpt_muon, the Muon path), then the
+#    published preset on gpt_true (stored block statistics, gathered into each checkpoint)
 COMMON=(--device cuda --steps 100 --eval-interval 50 --no-progress --sample-chars 0)
 for kind in ddp fsdp; do
   flags=()
   if [ "$kind" = fsdp ]; then flags=(--fsdp); fi
   "$PY" -m torch.distributed.run --nproc_per_node "$N" -m symo train "${COMMON[@]}" "${flags[@]}" \
       --out-dir "$OUT/train-$kind"
-  "$PY" -m torch.distributed.run --nproc_per_node "$N" -m symo train "${COMMON[@]}" "${flags[@]}" --preset paper \
-      --spec gpt_true --out-dir "$OUT/paper-$kind"
+  "$PY" -m torch.distributed.run --nproc_per_node "$N" -m symo train "${COMMON[@]}" "${flags[@]}" --preset published \
+      --spec gpt_true --out-dir "$OUT/published-$kind"
 done
 echo "results in $OUT"

@@ -73,7 +73,7 @@ def test_nanogpt_cells_come_from_the_results_files_or_are_pending(tmp_path):
 
 def test_preset_arms_name_a_preset_and_optionally_its_scale():
     assert preset_options(arm_name("shampoo")) == {"preset": "shampoo"}
-    assert preset_options(arm_name("paper", "adamw")) == {"preset": "published", "update_scale": "adamw"}
+    assert preset_options(arm_name("published", "adamw")) == {"preset": "published", "update_scale": "adamw"}
     assert preset_options("symo_notebook") is None
     with pytest.raises(ValueError, match="unknown preset"):
         preset_options("preset_nonesuch")

@@ -153,16 +153,19 @@ def test_lr_none_takes_the_presets_rate_and_the_default_otherwise():
         for key, value in preset.values.items():
             if key != "preconditioner":
                 assert getattr(opt.config, key) == value, (name, key)
-    # "paper" is the published step (the early notebooks' rule is "notebook")
-    paper = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="paper")
-    assert paper.preset.name == "published" and paper.config.kind == "published"
+    published = Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="published")
+    assert published.preset.name == "published" and published.config.kind == "published"
     assert Symo(model.named_parameters(), SPECS / "mlp_tanh.toml").param_groups[0]["lr"] == 1e-3
 
 
 def test_bad_preset_and_preset_with_config_are_clear_errors():
     model = MLP((6, 10, 8, 4))
-    with pytest.raises(ValueError, match=r"unknown preset 'papr'.*'muon', 'notebook', 'published'.*'paper' is"):
+    with pytest.raises(ValueError, match=r"unknown preset 'papr'.*'muon', 'notebook', 'published'"):
         Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="papr")
+    # "paper" is no preset: the published step is "published", the early notebooks' rule "notebook"
+    with pytest.raises(ValueError, match=r"unknown preset 'paper'; the presets are \['eigen_adam', 'muon', "
+                       r"'notebook', 'published', 'shampoo', 'soap', 'then_orthogonalize'\]"):
+        Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="paper")
     with pytest.raises(ValueError, match="preset='notebook' or config=, not both"):
         Symo(model.named_parameters(), SPECS / "mlp_tanh.toml", preset="notebook", config=SymoConfig())
 

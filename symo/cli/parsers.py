@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..optim.presets import ALIASES, PRESETS  # plain data: no torch
+from ..optim.presets import PRESETS  # plain data: no torch
 from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, check_given, check_values
 from .align_args import add_align_parser, add_merge_parser
 
@@ -44,7 +44,7 @@ def _add_train_parser(sub) -> None:
         "optimizer": f"one of {', '.join(OPTIMIZERS)}",
         "spec": "Symo's spec: bundled name (gpt_muon, gpt_true, gpt) or a .toml path",
         "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
-        "preset": "Symo's preset: published (the published step; paper is its alias), notebook (the early "
+        "preset": "Symo's preset: published (the published step), notebook (the early "
                   "notebooks' averaged S^-1/2, no momentum), muon, shampoo, eigen_adam (SOAP-style) or "
                   "then_orthogonalize (PMuon); default: Muon's options at Muon's scale; --lr defaults to the "
                   "preset's rate",
@@ -85,7 +85,7 @@ def _add_train_parser(sub) -> None:
             kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
             t.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text,
                            choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral"),
-                                    "preset": (*PRESETS, *ALIASES)}.get(f.name))
+                                    "preset": tuple(PRESETS)}.get(f.name))
     t.set_defaults(run=".train:train_command", precheck=check_train_options)
 
 

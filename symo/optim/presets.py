@@ -1,5 +1,5 @@
 """Named Symo configurations: `Symo(..., preset="published" | "notebook" | "muon" | "shampoo" | "eigen_adam" |
-"then_orthogonalize")`; "paper" is another name for "published".
+"then_orthogonalize")`.
 
 A preset is a set of `SymoConfig` values (the preconditioner kind among them) plus a recommended starting
 learning rate. Options passed explicitly to `Symo` override the preset's values; `describe()` names the preset
@@ -8,7 +8,7 @@ and every value that differs from it.
 - published: the Symo step as the method was published (kinds/published.py): momentum 0.9, the centred
   statistic of the debiased momentum in an EMA (0.99), the weights' S_w, H_inv = S_w # S_g^{-1} with every
   power damped by 1e-4 of its matrix's largest eigenvalue (damping_scope "all"), float64 eigendecompositions.
-- notebook: the authors' early notebooks (what this project first called "paper"): S_g^{-1/2} g with S_g a
+- notebook: the authors' early notebooks: S_g^{-1/2} g with S_g a
   bias-corrected EMA (0.95) of the block statistics of the raw gradient, no gradient momentum, no damping
   (pseudo-inverse), exact powers by eigh, statistics in float64.
 - muon: exactly Muon (momentum 0.95 with Nesterov, the quintic Newton–Schulz iteration, Muon's update
@@ -80,15 +80,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             preconditioner="then_orthogonalize", inner="root", power=-0.3, beta1=0.95, nesterov=True, beta2=0.95,
             statistic="gradient", precondition_frequency=10, stats_dtype="float32", update_scale="muon"),
 )}
-ALIASES = {"paper": "published"}
 
 
 def get_preset(name: str) -> Preset:
-    """The preset called `name` (or an alias of it); a ValueError listing the presets otherwise."""
-    if not isinstance(name, str) or (name not in PRESETS and name not in ALIASES):
-        raise ValueError(f"unknown preset {name!r}; the presets are {sorted(PRESETS)} ('paper' is 'published') "
+    """The preset called `name`; a ValueError listing the presets otherwise."""
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; the presets are {sorted(PRESETS)} "
                          "(or pass no preset and set the options yourself)")
-    return PRESETS[ALIASES.get(name, name)]
+    return PRESETS[name]
 
 
-__all__ = ["ALIASES", "PRESETS", "Preset", "get_preset"]
+__all__ = ["PRESETS", "Preset", "get_preset"]
