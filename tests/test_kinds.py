@@ -344,6 +344,10 @@ def test_options_of_another_kind_are_refused_with_the_kinds_that_have_them():
         Symo(model.named_parameters(), spec, preconditioner="then_orthogonalize", inner="eigen_adam", power=-0.3)
     with pytest.raises(ValueError, match="update_scale='muon' has no meaning for preconditioner 'eigen_adam'"):
         Symo(model.named_parameters(), spec, preset="eigen_adam", update_scale="muon")
+    # the published step has one stage: a second spec is refused with the option, before any stage is built
+    with pytest.raises(TypeError, match="geometric_mean_with is not an option of preconditioner 'published'.*"
+                                        "root, eigen_adam, then_orthogonalize"):
+        Symo(model.named_parameters(), spec, preset="published", geometric_mean_with=spec)
 
 
 # ------------------------------------------------------------------ the size cap

@@ -108,10 +108,6 @@ class Published(Kind):
         m = statistic_shape(block, self.options.max_precond_dim)
         return {"step": None, "ema": m, "precond": m}
 
-    def check(self, n_stages: int) -> None:
-        if n_stages > 1:
-            raise ValueError("the published step has no geometric mean: geometric_mean_with is not an option of it")
-
     def centred(self, b: BlockStep, coords: torch.Tensor) -> torch.Tensor:
         """delta = x - R1(x) in block coordinates: R1 is the identity on the trivial block and zero elsewhere."""
         if b.plan.trivial and self.options.damping_scope == "all":
