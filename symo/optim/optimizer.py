@@ -114,7 +114,7 @@ class Symo(torch.optim.Optimizer):
                 raise ValueError("geometric_mean_with: both specs must cover the same parameters; "
                                  f"they differ on {sorted(covered ^ set(specs[1].param_names))}")
         self.kind: Kind = KINDS[cfg.kind][1](cfg)
-        self.kind.check(len(specs))
+        self.kind.refuse_unsupported(len(specs))
         self.plan: list[Stage] = build_stages(
             specs, lambda b, k: self.kind.backend_for(b, k, device, self.stats_dtype))
 

@@ -303,8 +303,9 @@ class Kind:
     def after_step(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
         """After every pass of the step: fold statistics that must not see this step's rotation (SOAP's order)."""
 
-    def check(self, n_stages: int) -> None:
-        """Refuse, at construction, what this kind cannot do (a message naming the option)."""
+    def refuse_unsupported(self, n_stages: int) -> None:
+        """Raise, at construction, for what this kind cannot do with `n_stages` stages (a message naming the
+        option); the options themselves are checked by the kind's config."""
 
 
 # ------------------------------------------------------------------ helpers shared by the kinds

@@ -42,7 +42,7 @@ from .base import (
     statistic_shape,
 )
 
-PORT_BETA_FLOOR = 1e-4  # the debiasing counters stop decaying here, so 1 - beta^t never reaches 1 exactly
+DEBIAS_FLOOR = 1e-4  # beta^t stops decaying here in the bias corrections 1 - max(beta^t, DEBIAS_FLOOR)
 
 
 @dataclass
@@ -75,8 +75,8 @@ class PublishedConfig(StatisticOptions):
 
 
 def debias(beta: float, t: int) -> float:
-    """1 - beta_t with beta_t = max(beta^t, 1e-4): the published step's bias correction."""
-    return 1.0 - max(beta ** t, PORT_BETA_FLOOR)
+    """1 - beta_t with beta_t = max(beta^t, DEBIAS_FLOOR): the published step's bias correction."""
+    return 1.0 - max(beta ** t, DEBIAS_FLOOR)
 
 
 def damped_power(evals: torch.Tensor, evecs: torch.Tensor | None, p: float, damping: float, s_max: torch.Tensor
