@@ -39,15 +39,22 @@ def _eigh(a: torch.Tensor, float64_max: int = FLOAT64_EIGH_MAX) -> tuple[torch.T
         return torch.linalg.eigh(a.to(torch.float64))
 
 
-def _zero_tol(evals: torch.Tensor, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenvalues at or below 8 sqrt(size) eps lambda_max are exact zeros (eps of the data's dtype).
+def zero_threshold(lam_max: torch.Tensor, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """8 sqrt(size) eps lambda_max: eigenvalues at or below it are exact zeros (eps of the data's dtype).
 
     A Gram formed in working precision has eigenvalue errors of about eps * lambda_max (Weyl), and
     true zeros come out there (measured: 0.7 eps lambda_max for a 512 x 1024 float32 gradient); the
     margin 8 sqrt(size) keeps them out of S^{-1/2} while discarding fewer real small directions
-    than numpy's size * eps rule, which is meant for singular values, not their squares."""
+    than numpy's size * eps rule, which is meant for singular values, not their squares. Every
+    working-precision power in Symo uses this rule (the float64 Gram of float32 data has its own,
+    `_float64_gram_eigh`)."""
+    return lam_max * (8 * size ** 0.5 * torch.finfo(dtype).eps)
+
+
+def _zero_tol(evals: torch.Tensor, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The zero threshold of a batch of eigenvalues (..., size) and their largest (clamped at 0)."""
     lam_max = evals.amax(dim=-1, keepdim=True).clamp_min(0)
-    return lam_max * (8 * size ** 0.5 * torch.finfo(dtype).eps), lam_max
+    return zero_threshold(lam_max, size, dtype), lam_max
 
 
 def spectral_fn(evals: torch.Tensor, p: float, damping: float, size: int, dtype: torch.dtype,

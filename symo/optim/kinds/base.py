@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ...runtime.compiled import BlockInfo
-from ...runtime.linalg import MUON_COEFFS
+from ...runtime.linalg import MUON_COEFFS, zero_threshold
 from ..checks import check_types, raise_first
 from ..plan import BlockPlan
 
@@ -357,7 +357,7 @@ def diagonal_power(diag: torch.Tensor, power: float, damping: float, absolute: b
     """The power of a diagonal statistic (batch, mult, 1), with the conventions of linalg.spectral_fn: zeros
     to working precision map to zero, damping is relative to the block's largest entry (or absolute)."""
     lam = diag.amax(dim=-2, keepdim=True).clamp_min(0)
-    keep = diag > lam * (8 * diag.shape[-2] ** 0.5 * torch.finfo(diag.dtype).eps)
+    keep = diag > zero_threshold(lam, diag.shape[-2], diag.dtype)
     shifted = torch.where(keep, diag + (damping if absolute else damping * lam), torch.ones_like(diag))
     return torch.where(keep, shifted.pow(power), torch.zeros_like(diag))
 

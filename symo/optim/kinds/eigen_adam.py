@@ -36,6 +36,7 @@ from typing import ClassVar, Literal
 import torch
 
 from ...runtime.compiled import BlockInfo
+from ...runtime.linalg import zero_threshold
 from ..bases import BasisRefresh, Eigh, PowerQR
 from ..checks import raise_first
 from .base import AdamOptions, AveragedOptions, BlockStep, Kind, StepContext, batched, finish
@@ -99,7 +100,7 @@ def drop_null_columns(basis: torch.Tensor, average: torch.Tensor) -> torch.Tenso
     to zero: they hold only rounding noise, which Adam's normalisation would divide by eps."""
     estimate = (basis * (average.to(basis.dtype) @ basis)).sum(dim=-2)
     lam = estimate.amax(dim=-1, keepdim=True).clamp_min(0)
-    keep = estimate > lam * (8 * average.shape[-1] ** 0.5 * torch.finfo(average.dtype).eps)
+    keep = estimate > zero_threshold(lam, average.shape[-1], average.dtype)
     return basis * keep.unsqueeze(-2)
 
 
