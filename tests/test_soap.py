@@ -2,6 +2,7 @@
 
 - `preset="soap"` on a one-sided Muon-style spec is pytorch-optimizer's `SOAP` (a line-by-line port of the
   authors' code) on the same model: 30 float64 steps with several refreshes, to 1e-4 of the distance moved;
+- `preset="soap_heavyball"` is heavyball's `SOAP` (its own conventions and defaults) the same way, in float32;
 - SOAP-Muon (`then_orthogonalize` with the SOAP inner) is the polar factor of that library's SOAP direction;
 - the conventions one at a time: the first step moves nothing; `PowerQR` against dense eigendecompositions;
 - float32 and bfloat16 on rank-deficient, ill-conditioned gradients: never a NaN.
@@ -33,9 +34,10 @@ def square_mlp(width: int = 6, dtype: torch.dtype = F64) -> torch.nn.Module:
 
 def run_side_by_side(a: torch.nn.Module, opt_a, b: torch.nn.Module, opt_b, steps: int) -> list[float]:
     """Both models trained on the same regression batch; per step, ||w_a - w_b|| / ||w_b - w_b(0)||."""
+    dtype = next(a.parameters()).dtype
     torch.manual_seed(1)
-    x = torch.randn(64, 6, dtype=F64)
-    y = torch.randn(64, 6, dtype=F64)
+    x = torch.randn(64, 6, dtype=dtype)
+    y = torch.randn(64, 6, dtype=dtype)
     start = [p.detach().clone() for p in b.parameters()]
     gaps = []
     for _ in range(steps):
@@ -60,6 +62,26 @@ def test_soap_preset_is_pytorch_optimizers_soap(frequency):
     gaps = run_side_by_side(a, opt_a, b, opt_b, 30)
     assert max(gaps) < 1e-4, gaps
     assert gaps[0] == 0.0  # the first step moves neither
+
+
+def test_soap_heavyball_preset_is_heavyballs_soap():
+    """`preset="soap_heavyball"` against heavyball's `SOAP` with its defaults (betas (0.9, 0.95), refresh every 2,
+    eps clamp, shifted QR), 30 steps, to 1e-4 of the distance moved. In float32: heavyball keeps its state in
+    float32 and refuses float64 parameters there. eps is 1e-3 in both, because in float32 the rotated gradient's
+    rounding noise (~1e-7 of its size) would otherwise be divided by eps and decide the trajectory (as it does in
+    any two float32 implementations); the eps=1e-3 check shows the conventions agree."""
+    heavyball = pytest.importorskip("heavyball")
+    import heavyball.utils
+
+    heavyball.utils.compile_mode = None
+    a, b = square_mlp(dtype=torch.float32), square_mlp(dtype=torch.float32)
+    opt_a = Symo(a.named_parameters(), symo.parse_spec(MUON_STYLE), preset="soap_heavyball", lr=0.01, eps=1e-3)
+    opt_b = heavyball.SOAP(list(b.parameters()), lr=0.01, weight_decay=0.0, eps=1e-3)
+    gaps = run_side_by_side(a, opt_a, b, opt_b, 30)
+    assert max(gaps) < 1e-4, gaps
+    opt_a = Symo(a.named_parameters(), symo.parse_spec(MUON_STYLE), preset="soap", lr=0.01, eps=1e-3)  # the authors'
+    opt_b = heavyball.SOAP(list(b.parameters()), lr=0.01, weight_decay=0.0, eps=1e-3)
+    assert max(run_side_by_side(a, opt_a, b, opt_b, 10)) > 1e-3
 
 
 def test_soap_drops_to_a_different_optimizer_with_each_older_convention():

@@ -43,9 +43,14 @@ class Eigh:
 class PowerQR:
     """Orthogonal (power) iteration from the previous basis, SOAP's refresh: the columns are sorted by their
     estimated eigenvalues diag(Q^T A Q), descending; then `iterations` times Q <- qr(A Q).Q. The QR runs in the
-    statistic's dtype."""
+    statistic's dtype.
+
+    `lift`: None multiplies by A itself (the authors' code). A number is heavyball's shifted product
+    (A + c I) Q with c = max(lift, min(64 n eps_dtype, 1/8)) max |diag(Q^T A Q)|: it lifts a rank-deficient
+    statistic's null space above rounding noise (heavyball passes its Adam eps as `lift`)."""
 
     iterations: int = 1
+    lift: float | None = None
 
     def first(self, average: torch.Tensor) -> torch.Tensor:
         """The first basis: an eigh, columns by descending eigenvalue (SOAP)."""
@@ -54,12 +59,18 @@ class PowerQR:
     def __post_init__(self) -> None:
         if not isinstance(self.iterations, int) or isinstance(self.iterations, bool) or self.iterations < 1:
             raise ValueError(f"PowerQR.iterations must be an int >= 1, got {self.iterations!r}")
+        if self.lift is not None and not (isinstance(self.lift, (int, float)) and self.lift >= 0):
+            raise ValueError(f"PowerQR.lift must be None or a number >= 0, got {self.lift!r}")
 
     def basis(self, average: torch.Tensor, previous: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         q = previous.to(average.dtype)
         product = average @ q
         estimate = (q * product).sum(dim=-2)
         order = torch.argsort(estimate, dim=-1, descending=True)
+        if self.lift is not None:
+            noise = min(64 * average.shape[-1] * torch.finfo(average.dtype).eps, 0.125)
+            top = estimate.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(average.dtype).tiny)
+            product = product + (max(self.lift, noise) * top).unsqueeze(-2) * q
         product = product.gather(-1, order.unsqueeze(-2).expand_as(product))
         q = torch.linalg.qr(product).Q
         for _ in range(self.iterations - 1):

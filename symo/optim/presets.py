@@ -22,6 +22,9 @@ and every value that differs from it.
 - soap: SOAP itself on every block: eigen_adam with `two_sided=True`, so each block's other side (the one the
   group moves) gets its own Kronecker factor from the same spec; on a Muon-style spec it is the authors' SOAP
   on every weight matrix, with their defaults.
+- soap_heavyball: the same SOAP with heavyball's conventions where that library differs from the authors' code
+  (its refresh one step earlier, every 2 steps; eps as a clamp, max(sqrt(v_hat), eps); the QR product shifted by
+  heavyball's lift; beta1 0.9; sides up to 2048): the campaign's heavyball arm, matched.
 - then_orthogonalize: PMuon's rule, polar(S^{-0.3} u) with Muon's momentum and scale, the statistic an EMA
   (0.95) of the raw gradient's block statistics, refreshed every 10 steps, in float32 (the mild -0.3 power
   with relative damping 1e-6 needs no float64).
@@ -32,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+from .bases import PowerQR
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             eps=1e-8, statistic="gradient", precondition_frequency=10, max_precond_dim=10000, first_step="skip",
             statistic_timing="after", null_directions="keep", eps_placement="authors", stats_dtype="float32",
             update_scale="natural"),
+    _preset("soap_heavyball", 3e-3, "SOAP with heavyball's conventions and defaults: betas (0.9, 0.95), refresh every 2 "
+            "steps one step earlier than the authors', eps as a clamp, QR with heavyball's shift, sides up to 2048",
+            preconditioner="eigen_adam", two_sided=True, beta1=0.9, nesterov=False, beta2=0.95, adam_beta2=0.95,
+            eps=1e-8, statistic="gradient", precondition_frequency=2, max_precond_dim=2048, first_step="skip",
+            statistic_timing="after", null_directions="keep", eps_placement="clamp", refresh_phase="heavyball",
+            refresh=PowerQR(lift=1e-8), stats_dtype="float32", update_scale="natural"),
     _preset("then_orthogonalize", 0.02, "PMuon: polar(S^-0.3 u), Muon's momentum and scale, EMA 0.95 of the "
             "gradient's statistic every 10 steps",
             preconditioner="then_orthogonalize", inner="root", power=-0.3, beta1=0.95, nesterov=True, beta2=0.95,

@@ -68,6 +68,8 @@ class EigenAdamConfig(AveragedOptions, AdamOptions):
     null_directions: Literal["keep", "drop"] = "keep"
     """keep: every direction of the basis is updated (SOAP); drop: directions whose eigenvalue is zero to the
     statistic's precision (below 8 sqrt(n) eps lambda_max) get no update (needs refresh=Eigh())."""
+    refresh_phase: Literal["authors", "heavyball"] = "authors"
+    """authors: refresh after steps 1 + k f (the authors' code); heavyball: after steps k f, one step earlier."""
     eps_placement: Literal["authors", "adam", "clamp"] = "authors"
     """authors: u' / (sqrt(V) + eps) times sqrt(1 - adam_beta2^t) / (1 - beta1^t) (SOAP's code); adam:
     m_hat / (sqrt(v_hat) + eps); clamp: m_hat / max(sqrt(v_hat), eps) (heavyball)."""
@@ -84,6 +86,8 @@ class EigenAdamConfig(AveragedOptions, AdamOptions):
              f"statistic_timing must be 'after' or 'before', got {self.statistic_timing!r}"),
             (self.null_directions in ("keep", "drop"),
              f"null_directions must be 'keep' or 'drop', got {self.null_directions!r}"),
+            (self.refresh_phase in ("authors", "heavyball"),
+             f"refresh_phase must be 'authors' or 'heavyball', got {self.refresh_phase!r}"),
             (self.eps_placement in ("authors", "adam", "clamp"),
              f"eps_placement must be 'authors', 'adam' or 'clamp', got {self.eps_placement!r}"),
             (self.null_directions == "keep" or isinstance(self.refresh, Eigh),
@@ -208,15 +212,17 @@ class EigenAdam(Kind):
 
     def after_step(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
         """statistic_timing="after": this step's statistic is folded once the step is taken, and the bases are
-        refreshed on SOAP's schedule (after steps 1 + k precondition_frequency, k >= 1)."""
+        refreshed on SOAP's schedule (after steps 1 + k precondition_frequency, k >= 1; refresh_phase="heavyball":
+        after steps k precondition_frequency)."""
         o = self.options
         if o.statistic_timing != "after":
             return
         for b in blocks:
             if not b.scratch.get("folded"):
                 self.fold(b, ctx)
+        phase = 1 if o.refresh_phase == "authors" else 0
         due = [b for b in blocks if not b.scratch.get("refreshed") and b.state["step"] > 1
-               and (b.state["step"] - 1) % o.precondition_frequency == 0]
+               and (b.state["step"] - phase) % o.precondition_frequency == 0]
         if due:
             self.refresh(stage, due, ctx)
 
