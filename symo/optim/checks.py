@@ -168,7 +168,7 @@ def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list
                                      f"{tuple(v.shape)}, the parameter {tuple(p.shape)}")
     for k, stage in enumerate(stages):
         blocks = {b.id: b for b in stage.compiled.blocks}
-        # a single process keeps them under the stage's key, several processes on their anchor parameter
+        # state_dict() keeps them on each block's anchor parameter, a consolidated checkpoint under the stage's key
         saved = [state_dict["state"].get(stage.key, {})] + [
             v[stage.key] for k, v in state_dict["state"].items()
             if k != stage.key and isinstance(v, Mapping) and isinstance(v.get(stage.key), Mapping)]
