@@ -70,8 +70,8 @@ def test_soap_heavyball_preset_is_heavyballs_soap():
     float32 and refuses float64 parameters there. eps is 1e-3 in both, because in float32 the rotated gradient's
     rounding noise (~1e-7 of its size) would otherwise be divided by eps and decide the trajectory (as it does in
     any two float32 implementations); the eps=1e-3 check shows the conventions agree."""
-    heavyball = pytest.importorskip("heavyball")
-    import heavyball.utils
+    pytest.importorskip("heavyball")
+    import heavyball.utils  # its SOAP without torch.compile, as the campaign runs it
 
     heavyball.utils.compile_mode = None
     a, b = square_mlp(dtype=torch.float32), square_mlp(dtype=torch.float32)

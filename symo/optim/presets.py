@@ -80,8 +80,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             eps=1e-8, statistic="gradient", precondition_frequency=10, max_precond_dim=10000, first_step="skip",
             statistic_timing="after", null_directions="keep", eps_placement="authors", stats_dtype="float32",
             update_scale="natural"),
-    _preset("soap_heavyball", 3e-3, "SOAP with heavyball's conventions and defaults: betas (0.9, 0.95), refresh every 2 "
-            "steps one step earlier than the authors', eps as a clamp, QR with heavyball's shift, sides up to 2048",
+    _preset("soap_heavyball", 3e-3, "SOAP with heavyball's conventions and defaults: betas (0.9, 0.95), refresh every "
+            "2 steps one step earlier than the authors', eps as a clamp, QR with heavyball's shift, sides up to 2048",
             preconditioner="eigen_adam", two_sided=True, beta1=0.9, nesterov=False, beta2=0.95, adam_beta2=0.95,
             eps=1e-8, statistic="gradient", precondition_frequency=2, max_precond_dim=2048, first_step="skip",
             statistic_timing="after", null_directions="keep", eps_placement="clamp", refresh_phase="heavyball",
