@@ -191,7 +191,7 @@ def _instantiate_axes(spec: Spec, matched: dict, shapes: Mapping) -> tuple[dict,
             owner = substitute(d.per, caps, spec.source, f"spaces.{d.name}.per", param, axis)
             if owner == space:
                 raise SpecError(f"space {space!r} is declared per itself", file=spec.source,
-                                key=f"spaces.{d.name}.per", hint="per must name a different, identity space")
+                                key=f"spaces.{d.name}.per", hint="per must name a different space (the head index)")
             resolve(owner, f"spaces.{d.name}.per", param, axis, owner_of=space)
 
     concrete: dict[str, list[list[tuple[str, ...]]]] = {}
@@ -215,6 +215,12 @@ def _instantiate_axes(spec: Spec, matched: dict, shapes: Mapping) -> tuple[dict,
     return resolved, concrete
 
 
+# The groups an owner of `per` spaces may have: identity (each index keeps its own element), or perm and
+# signed_perm, which move the owner's indices as wholes with the per-spaces' elements riding along (a
+# wreath product: docs/specs.md, "Permuting heads").
+OWNER_GROUPS = ("identity", "perm", "signed_perm")
+
+
 def _nested_per(owner: str, space: str, source: str, key: str) -> SpecError:
     """The error for a `per` chain: `owner`, which `space` is declared per, is itself declared per another."""
     return SpecError(f"owner {owner!r} of {space!r} is itself declared per another space", file=source, key=key,
@@ -230,11 +236,13 @@ def _bind_spaces(spec: Spec, resolved: dict, sizes: dict[str, int]) -> dict[str,
     for s in sorted(resolved, key=lambda s: _decl_order(rank, resolved[s][0], s)):
         d, caps = resolved[s]
         per = substitute(d.per, caps, spec.source, "") if d.per else None
-        if per is not None and resolved[per][0].group != "identity":
+        if per is not None and resolved[per][0].group not in OWNER_GROUPS:
             raise SpecError(f"space {s!r} is declared per {per!r}, whose group is "
-                            f"{resolved[per][0].group!r}; only an identity owner is supported",
+                            f"{resolved[per][0].group!r}; an owner's group must be one of {list(OWNER_GROUPS)} "
+                            "(a rotation of the owner would mix the indices that pick the per-space's elements)",
                             file=spec.source, key=f"spaces.{d.name}.per",
-                            hint=f"declare {per!r} with group = \"identity\"")
+                            hint=f"declare {per!r} with group = \"perm\" (heads permuted as wholes) or "
+                                 "\"identity\" (heads kept in place)")
         if per is not None and resolved[per][0].per is not None:
             raise _nested_per(per, s, spec.source, f"spaces.{d.name}.per")
         spaces[s] = BoundSpace(name=s, group=d.group, size=sizes[s], per=per, decl=d.name,
@@ -341,12 +349,12 @@ def _check_repeated(source: str, key: str, param: str, space: BoundSpace, count:
         raise SpecError(f"space {space.name!r} occurs {count} times in one block of the parameter; "
                         "a space may repeat at most twice in one block of a parameter",
                         **where, hint="give the third occurrence its own space (a relaxed group)")
+    owned = [s for s in block_spaces if spaces[s].per == space.name]
+    if owned:
+        raise SpecError(f"space {space.name!r} occurs twice in one block and owns the per-space "
+                        f"{owned[0]!r}: which of its indices picks the group element is ambiguous",
+                        **where, hint="use a different owner space for one of the two axes")
     if space.group == "identity":
-        owned = [s for s in block_spaces if spaces[s].per == space.name]
-        if owned:
-            raise SpecError(f"space {space.name!r} occurs twice in one block and owns the per-space "
-                            f"{owned[0]!r}: which of its indices picks the group element is ambiguous",
-                            **where, hint="use a different owner space for one of the two axes")
         return
     if space.per is not None:
         raise SpecError(f"space {space.name!r} is declared per {space.per!r} and occurs twice in one "

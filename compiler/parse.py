@@ -236,7 +236,7 @@ def _parse_spaces(table: object, source: str) -> tuple[SpaceDecl, ...]:
                             key=f"{key}.per", hint='per = "head"')
         if per == name:
             raise SpecError(f"space {name!r} is declared per itself", file=source, key=f"{key}.per",
-                            hint="per must name a different, identity space (e.g. the head index)")
+                            hint="per must name a different space (e.g. the head index)")
         out.append(SpaceDecl(name=name, group=group, size=size, per=per))
     return tuple(out)
 

@@ -5,9 +5,11 @@ Every space splits R^n into irreducible pieces: `perm` into trivial (J/n) and st
 `signed_perm` and `orthogonal` stay whole ("nat"), `identity` is multiplicity. A *component* of a
 block picks one piece per group axis; its *label* is the set of non-trivial pieces (a trivial piece
 counts as the space's absence, which is how W2's column means couple with parameters that never see
-the space). All components of one label stack into Y_lambda (multiplicity x width) and
+the space). A `per` space under an identity owner is batched over the owner (one block per head);
+under a perm or signed_perm owner, the owner axis joins the label as the piece `ind` (`block_pieces`).
+All components of one label stack into Y_lambda (multiplicity x width) and
 
-    S_g on lambda = (Y Y^T / d_lambda) (x) I,   d_lambda = prod (n - 1 for std, n for nat).
+    S_g on lambda = (Y Y^T / d_lambda) (x) I,   d_lambda = prod (n - 1 for std, n for nat and ind).
 
 Every size (d_lambda, multiplicities, row offsets, the trivial-piece normalisers 1/sqrt(n)) is a
 sympy expression in size symbols, never a number: the structure, and the code generated from it,
@@ -24,6 +26,11 @@ import sympy
 from .bound import BoundSpec
 
 TRIV, STD, NAT = "triv", "std", "nat"
+# The piece of a perm or signed_perm owner whose per-spaces in the block carry a non-trivial piece: the
+# owner's indices (heads) permuted as wholes, each carrying its own element of the per-spaces, make the
+# owner axis and those per-space axes together one irreducible, induced from one head's piece
+# (dimension n_owner x the per-space pieces' dimensions); its statistic pools the heads' blocks.
+IND = "ind"
 
 
 @dataclass(frozen=True)
@@ -169,21 +176,50 @@ def single_pieces(group: str, size: int) -> tuple[str | None, ...]:
 
 def label_groups(bound: BoundSpec) -> dict[tuple, list]:
     """Every component (param, block, pieces) grouped by its (label, batch spaces), in order of first
-    appearance over the parameters: the order that numbers the blocks L0, L1, ... No sympy here."""
+    appearance over the parameters: the order that numbers the blocks L0, L1, ... No sympy here.
+
+    An identity owner's per-spaces are batched over it (one statistic per head). A perm or signed_perm
+    owner takes the piece IND where one of its per-spaces in the block has a non-trivial piece (the owner
+    and those axes are one irreducible of the wreath product), else its own group's pieces."""
     spaces = bound.spaces
     rank = {s: i for i, s in enumerate(spaces)}
     groups: dict[tuple, list] = {}
     for param in bound.params:
         for block in param.blocks:
             atoms = block.atoms
-            choices = [single_pieces(spaces[a.space].group if a.space else "identity", a.size) for a in atoms]
-            for pieces in itertools.product(*choices):
-                label = tuple(sorted(((atoms[k].space, p) for k, p in enumerate(pieces) if p in (STD, NAT)),
+            for pieces in block_pieces(bound, atoms):
+                label = tuple(sorted(((atoms[k].space, p) for k, p in enumerate(pieces) if p in (STD, NAT, IND)),
                                      key=lambda sp: rank[sp[0]]))
-                batch_spaces = tuple(sorted({spaces[s].per for s, _ in label if spaces[s].per},
+                batch_spaces = tuple(sorted({spaces[s].per for s, _ in label
+                                             if spaces[s].per and spaces[spaces[s].per].group == "identity"},
                                             key=rank.__getitem__))
                 groups.setdefault((label, batch_spaces), []).append((param.name, block, pieces))
     return groups
+
+
+def block_pieces(bound: BoundSpec, atoms: tuple) -> list[tuple[str | None, ...]]:
+    """The components of one block: a piece for every atom (None for multiplicity atoms). An owner with a
+    group (perm, signed_perm) whose per-spaces occur in the block is chosen after them: IND where one of
+    them has a non-trivial piece, else the owner's own pieces."""
+    spaces = bound.spaces
+    owned = {k: [j for j, b in enumerate(atoms) if b.space is not None and spaces[b.space].per == a.space]
+             for k, a in enumerate(atoms) if a.space is not None and spaces[a.space].group != "identity"}
+    owned = {k: js for k, js in owned.items() if js}
+    choices = [(None,) if k in owned else single_pieces(spaces[a.space].group if a.space else "identity", a.size)
+               for k, a in enumerate(atoms)]
+    out = []
+    for base in itertools.product(*choices):
+        if not owned:
+            out.append(base)
+            continue
+        options = [(IND,) if any(base[j] in (STD, NAT) for j in js)
+                   else single_pieces(spaces[atoms[k].space].group, atoms[k].size) for k, js in owned.items()]
+        for chosen in itertools.product(*options):
+            pieces = list(base)
+            for k, p in zip(owned, chosen):
+                pieces[k] = p
+            out.append(tuple(pieces))
+    return out
 
 
 def derive_structure(bound: BoundSpec, *, ids: dict[tuple, str] | None = None, prefix: str = "L") -> Structure:

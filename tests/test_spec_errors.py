@@ -48,10 +48,10 @@ BAD = [
     Bad("per-owner-missing",
         '[spaces]\nd = { group = "orthogonal", per = "head" }\n[params]\n"fc1.weight" = ["d", "_"]\n',
         key="spaces.d.per", param="fc1.weight", axis=0, words=("'head'", "not declared")),
-    Bad("per-owner-not-identity",
-        '[spaces]\nhead = { group = "perm", size = 1 }\nd = { group = "orthogonal", per = "head" }\n'
+    Bad("per-owner-orthogonal",
+        '[spaces]\nhead = { group = "orthogonal", size = 1 }\nd = { group = "orthogonal", per = "head" }\n'
         '[params]\n"fc1.weight" = ["(head d)", "_"]\n',
-        key="spaces.d.per", words=("'head'", "identity")),
+        key="spaces.d.per", words=("'head'", "'orthogonal'", "identity", "perm")),
     Bad("per-space-without-owner-in-block",
         '[spaces]\nhead = { group = "identity", size = 3 }\nd = { group = "orthogonal", per = "head" }\n'
         '[params]\n"fc1.weight" = ["d", "_"]\n"fc1.bias" = ["head"]\n',

@@ -181,13 +181,19 @@ def act_in_place(bound: BoundSpec, element: Mapping[str, tuple], ws: Workspace) 
             b = p.blocks[0]  # the whole tensor is one block
             sizes = [a.size for a in b.atoms]
             x = src.reshape(sizes) if src.dtype == torch.float64 else ws.step(2, sizes).copy_(src.reshape(sizes))
-            moving = [k for k, atom in enumerate(b.atoms) if atom.space in element]
+            moving = _owners_first(bound, b, [k for k, atom in enumerate(b.atoms) if atom.space in element])
             for step, k in enumerate(moving):  # the last step writes the result, the others alternate scratch
                 dest = dst.view(sizes) if step == len(moving) - 1 else ws.step(step % 2, sizes)
                 x = _apply(x, element[b.atoms[k].space], k, _owner_axis(bound, b, k), out=dest)
             continue
         _act_blocks(bound, element, p, touched[p.name], dst.copy_(src))
     return ws.work
+
+
+def _owners_first(bound: BoundSpec, block, ks: list[int]) -> list[int]:
+    """Atoms `ks` in the order CompiledSpec.act applies them: owners (a perm owner moves heads as wholes)
+    before their per-spaces, whose element i then acts at the result's index i."""
+    return sorted(ks, key=lambda k: bound.spaces[block.atoms[k].space].per is not None)
 
 
 def _owner_axis(bound: BoundSpec, block, k: int) -> int | None:
@@ -202,9 +208,9 @@ def _act_blocks(bound: BoundSpec, element: Mapping[str, tuple], p, blocks: list,
         for axis, (start, length) in enumerate(b.slices):
             target = target.narrow(axis, start, length)
         x = target.reshape([a.size for a in b.atoms])
-        for k, atom in enumerate(b.atoms):  # each step returns a fresh tensor, so reading `target` is safe
-            if atom.space in element:
-                x = _apply(x, element[atom.space], k, _owner_axis(bound, b, k))
+        # each step returns a fresh tensor, so reading `target` is safe
+        for k in _owners_first(bound, b, [k for k, atom in enumerate(b.atoms) if atom.space in element]):
+            x = _apply(x, element[b.atoms[k].space], k, _owner_axis(bound, b, k))
         target.copy_(x.reshape(target.shape))
     return new
 

@@ -53,6 +53,7 @@ class CompiledSpec:
 
     def __init__(self, module: GeneratedModule) -> None:
         ns, bound = module.namespace, module.bound
+        self.refused = module.refused  # a SpecError: the curvature of this group is not compiled (see `blocks`)
         self.key = module.key  # the generated source's key: spec + layout, shared by every width
         self.sizes: dict[str, int] = bound.sizes  # what this instance bound the source's symbols to
         self.source = module.source
@@ -65,15 +66,30 @@ class CompiledSpec:
         self.uncovered: dict[str, tuple[int, ...]] = {n: tuple(s) for n, s in bound.uncovered}
         self.spaces: dict[str, dict] = {s: {"group": sp.group, "size": sp.size, "per": sp.per}
                                         for s, sp in bound.spaces.items()}
-        self.blocks: list[BlockInfo] = [
+        self._blocks: list[BlockInfo] = [
             BlockInfo(b["id"], b["name"], b["batch"], b["mult"], b["width"], b["dim"], b["dim_expr"],
                       tuple(dict.fromkeys(r["param"] for r in b["rows"])))
-            for b in ns["BLOCKS"]]
-        self.block_ids = [b.id for b in self.blocks]
+            for b in ns.get("BLOCKS", ())]
         self._bound = bound
-        self._gather = ns["gather"]
-        self._scatter = ns["scatter"]
-        self._trivial = [b.id for b in self.blocks if b.name == "trivial"]
+        self._gather = ns.get("gather")
+        self._scatter = ns.get("scatter")
+        self._block_ids = [b.id for b in self._blocks]
+        self._trivial = [b.id for b in self._blocks if b.name == "trivial"]
+
+    @property
+    def blocks(self) -> list[BlockInfo]:
+        """The isotypic blocks. Raises the compiler's SpecError where the curvature of the spec's group is not
+        compiled (`compiler.curvature_refusal`): the optimizer, orbit averages and symo.hessian stop there,
+        while `act`, `random_element`, symo.check_symmetry and symo.align need no blocks."""
+        if self.refused is not None:
+            raise self.refused
+        return self._blocks
+
+    @property
+    def block_ids(self) -> list[str]:
+        if self.refused is not None:
+            raise self.refused
+        return self._block_ids
 
     @functools.cached_property
     def couplings(self) -> list[tuple[list[str], list[str]]]:
@@ -95,6 +111,8 @@ class CompiledSpec:
     # ------------------------------------------------------------ coordinates
     def gather(self, tensors: Tensors) -> dict[str, torch.Tensor]:
         """{param: tensor} -> {block id: Y (batch, mult, width)}: the isotypic coordinates."""
+        if self.refused is not None:
+            raise self.refused
         if not isinstance(tensors, Mapping):
             raise TypeError(f"expected a dict {{parameter name: tensor}}, got {type(tensors).__name__}")
         missing = [n for n in self.param_names if n not in tensors]
@@ -112,6 +130,8 @@ class CompiledSpec:
 
     def scatter(self, ys: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The transpose of `gather`: block coordinates -> {param: tensor}."""
+        if self.refused is not None:
+            raise self.refused
         return self._scatter(ys)
 
     # ------------------------------------------------------------ estimators
@@ -143,12 +163,16 @@ class CompiledSpec:
 
     def zeros(self) -> Curvature:
         """The zero element (no stored factors): the start of an EMA."""
+        if self.refused is not None:
+            raise self.refused
         return Curvature(self)
 
     # ------------------------------------------------------------ the group
     def random_element(self, generator: torch.Generator | None = None,
                        dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
-        """A random group element: one orthogonal matrix per space ((owner, n, n) for `per` spaces)."""
+        """A random group element: one orthogonal matrix per space, as (1, n, n), or (owner's size, n, n) for a
+        `per` space (under a perm owner this is a uniform element of the wreath product: the heads' permutation
+        and an independent element per head)."""
         out = {}
         for s, info in self.spaces.items():
             copies = self.spaces[info["per"]]["size"] if info["per"] else 1
@@ -159,7 +183,11 @@ class CompiledSpec:
     def act(self, element: Mapping[str, torch.Tensor], tensors: Tensors,
             names: list[str] | None = None) -> dict[str, torch.Tensor]:
         """A_g w: transform every covered parameter by the group element (uncovered ones pass through).
-        `names`: transform only these covered parameters (`tensors` needs only them)."""
+        `names`: transform only these covered parameters (`tensors` needs only them).
+
+        Owners act before their per-spaces, whatever the atoms' order: with a perm owner (heads permuted as
+        wholes) a block's head slot i receives head pi(i) rotated by the per-space's element i,
+        x'_i = Q_i x_pi(i), in every parameter alike."""
         out = dict(tensors)
         for name in self._block_params if names is None else names:
             blocks, t = self._block_params[name], tensors[name]
@@ -170,7 +198,10 @@ class CompiledSpec:
                     view = view.narrow(axis, start, length)
                 atoms = b["atoms"]
                 x = view.reshape([n for _, n in atoms])
-                for k, (space, _) in enumerate(atoms):
+                order = sorted(range(len(atoms)), key=lambda k: atoms[k][0] is not None
+                               and self.spaces[atoms[k][0]]["per"] is not None)
+                for k in order:
+                    space = atoms[k][0]
                     if space is None or self.spaces[space]["group"] == "identity":
                         continue
                     q = element[space].to(device=x.device, dtype=x.dtype)  # elements are sampled on the CPU
@@ -207,7 +238,8 @@ class CompiledSpec:
                                  and self.param_names == other.param_names)
 
     def __repr__(self) -> str:
-        return f"CompiledSpec({self.name!r}, params={len(self.param_names)}, blocks={len(self.blocks)})"
+        blocks = "curvature not compiled" if self.refused is not None else f"blocks={len(self._blocks)}"
+        return f"CompiledSpec({self.name!r}, params={len(self.param_names)}, {blocks})"
 
 
 def check_finite_tensors(tensors: Tensors, names: list[str]) -> None:
