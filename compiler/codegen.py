@@ -62,4 +62,4 @@ PIECES = PieceMaps()
 
 
 def generate(structure: Structure, key: str) -> GeneratedCode:
-    return GeneratedCode(key=key, source=per_parameter_module(structure, key, "layer by layer", PIECES, STD_HELPER))
+    return GeneratedCode(key=key, source=per_parameter_module(structure, key, "layer by layer", PIECES, [STD_HELPER]))

@@ -7,26 +7,19 @@ unchanged. What differs is how a component maps its block to rows (`PairMaps`): 
 block into (batch, multiplicity, slot axes), applies the slot maps from the last slot to the first
 (so the positions of earlier slots never move) and flattens into Y (batch, mult, width); scatter
 applies the adjoint maps in the opposite order. The pair maps are a handful of torch helpers (sums,
-diagonals, transposes, means) defined at the top of the module; their coefficients are sympy
-expressions printed at the call sites.
+diagonals, transposes, means) defined at the top of the module (the emitter keeps those the code
+calls); their coefficients are sympy expressions printed at the call sites.
 """
 
 from __future__ import annotations
 
-import re
-
 import sympy
 
-from .emit import GeneratedCode, code, from_rows, per_parameter_module, to_rows
+from .emit import STD_HELPER, GeneratedCode, code, from_rows, per_parameter_module, to_rows
 from .repeated import PairPiece, RepeatedComponent
 from .structure import NAT, STD, TRIV, IsotypicBlock, Structure
 
 HELPERS = '''
-def _std(x, dim):
-    # the standard piece of a perm space: (I - J/n) x along one axis
-    return x - x.mean(dim=dim, keepdim=True)
-
-
 def _end(x, p):
     return x.movedim((p, p + 1), (-2, -1))
 
@@ -218,24 +211,8 @@ PAIRS = PairMaps()
 
 
 def generate_repeated(structure: Structure, key: str) -> GeneratedCode:
-    text = per_parameter_module(structure, key, "repeated spaces", PAIRS, [_HELPERS_HERE])
-    return GeneratedCode(key=key, source=text.replace(_HELPERS_HERE, used_helpers(text)))
-
-
-_HELPERS_HERE = "# (the pair maps used below)"
-
-
-def used_helpers(text: str) -> str:
-    """The definitions of HELPERS that `text` calls, with the helpers they call, in HELPERS' order."""
-    chunks = [c.strip("\n") for c in re.split(r"\n\n\n(?=\S)", HELPERS) if c.strip()]
-    defined = {re.search(r"^(?:def )?(\w+)", c, re.M)[1]: c for c in chunks}
-    needed, todo = set(), [w for w in re.findall(r"\w+", text) if w in defined]
-    while todo:
-        name = todo.pop()
-        if name not in needed:
-            needed.add(name)
-            todo += [w for w in re.findall(r"\w+", defined[name].split("\n", 1)[-1]) if w in defined]
-    return "\n\n\n".join(c for name, c in defined.items() if name in needed)
+    return GeneratedCode(key=key, source=per_parameter_module(structure, key, "repeated spaces", PAIRS,
+                                                              [STD_HELPER, HELPERS]))
 
 
 def _frame_axes(c: RepeatedComponent) -> tuple:

@@ -34,14 +34,14 @@ from .emit import (
 from .structure import derive_structure
 from .templates import Family, TemplatePlan
 
-NAME_HELPER = [
-    "def _name(label, batch_spaces):",
-    "    # IsotypicBlock.name of compiler.structure, with the space names of a member",
-    "    if not label:",
-    "        return 'trivial'",
-    "    text = ' x '.join(f'{piece}({space})' for space, piece in label)",
-    "    return text + (f\" per {'x'.join(batch_spaces)}\" if batch_spaces else '')",
-]
+NAME_HELPER = """
+def _name(label, batch_spaces):
+    # IsotypicBlock.name of compiler.structure, with the space names of a member
+    if not label:
+        return 'trivial'
+    text = ' x '.join(f'{piece}({space})' for space, piece in label)
+    return text + (f" per {'x'.join(batch_spaces)}" if batch_spaces else '')
+"""
 
 
 def generate_templated(plan: TemplatePlan, key: str) -> GeneratedCode:
@@ -59,7 +59,8 @@ def generate_templated(plan: TemplatePlan, key: str) -> GeneratedCode:
                     ["import json"]))
     read_sizes(src, plan.rest.sizes)
     define_offsets(src, rest.blocks)
-    src.add("", "", *STD_HELPER, "", "", *NAME_HELPER, "", "")
+    src.add("", "")
+    src.helpers(STD_HELPER, NAME_HELPER)
 
     # member tables, a JSON text per member (strings, which Python compiles far faster than nested
     # tuples: the table of a 1000-layer stack would otherwise be a sixth of the compile)

@@ -4,7 +4,8 @@
 identical layers, one loop each) and `compiler.codegen_repeated` (spaces that repeat within one
 tensor) decide *what* the module computes; this module writes it: the header, the size reads,
 `BLOCKS`, each parameter's gather (cut into blocks, each block into its components' rows of Y) and
-scatter (the transpose), and the final pass that drops every definition nothing reads.
+scatter (the transpose), and the final pass that drops every definition nothing reads: sizes, row
+offsets and helper functions alike.
 
 The output reads like hand-written torch: sizes are named after their spaces (`n_<space>`) and
 axes (`d_<parameter>_dim<axis>`, compiler.size_names), never by position; a reshape to the shape a
@@ -30,20 +31,22 @@ import sympy
 
 from .structure import IsotypicBlock, pycode, symbol
 
-EMIT_VERSION = "5"
+EMIT_VERSION = "6"
 
 SIZE_LEGEND = [
     "# Sizes: n_<space> is the size of a space; d_<parameter>_dim<k> the size of axis k of a parameter where",
     "# no space covers it (d_<parameter>_dim<k>_part<j>: part j of an axis fused from several).",
 ]
 
-STD_HELPER = [
-    "def _std(x, dim):",
-    "    # the standard piece of a perm space: (I - J/n) x along one axis",
-    "    return x - x.mean(dim=dim, keepdim=True)",
-]
+STD_HELPER = """
+def _std(x, dim):
+    # the standard piece of a perm space: (I - J/n) x along one axis
+    return x - x.mean(dim=dim, keepdim=True)
+"""
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BETWEEN_DEFINITIONS = re.compile(r"\n\n\n(?=\S)")  # two blank lines, then a top-level line
+_DEFINED = re.compile(r"^(?:def )?(\w+)", re.M)  # the first `def NAME` or `NAME = ...` line of a definition
 
 
 @dataclass(frozen=True)
@@ -104,16 +107,19 @@ def header(key: str, kind: str, notes: Sequence[str] = (), imports: Sequence[str
 class Source:
     """The generated module's lines, with definitions kept only where something reads them.
 
-    `define` records an assignment that may be dropped (a size read from N, a running row offset);
-    every other line is kept. Scopes follow Python's: a definition inside `gather` or `scatter`
-    serves only that function; one at module level serves every scope that does not define the name
-    itself. `data` lines (tables of names) hold only literals and are not scanned for reads."""
+    `define` records an assignment that may be dropped (a size read from N, a running row offset),
+    `helpers` the module's helper functions; every other line is kept. A definition is kept when a
+    kept line reads its name, directly or through other kept definitions (a helper that calls
+    another). Scopes follow Python's: a definition inside `gather` or `scatter` serves only that
+    function; one at module level serves every scope that does not define the name itself. `data`
+    lines (tables of names) hold only literals and are not scanned for reads."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.scope = "module"
-        self._defs: dict[tuple[str, str], list[int]] = {}  # (scope, name) -> line indices
-        self._reads: list[tuple[str, int | None, set[str]]] = []  # (scope, defining line or None, names)
+        self._defs: dict[tuple[str, str], list[int]] = {}  # (scope, name) -> its definitions
+        self._spans: list[range] = []  # the lines of each definition
+        self._reads: list[tuple[str, int | None, set[str]]] = []  # (scope, definition or None, names)
 
     def add(self, *lines: str, data: bool = False) -> None:
         for line in lines:
@@ -122,10 +128,22 @@ class Source:
             self.lines.append(line)
 
     def define(self, indent: str, name: str, value: str) -> None:
-        index = len(self.lines)
-        self.lines.append(f"{indent}{name} = {value}")
-        self._defs.setdefault((self.scope, name), []).append(index)
-        self._reads.append((self.scope, index, set(_WORD.findall(value))))
+        self._define(name, [f"{indent}{name} = {value}"], value)
+
+    def helpers(self, *texts: str) -> None:
+        """Module-level functions (and aliases of them, `_s = _g`), each text a run of definitions two blank
+        lines apart. Each is written with the two blank lines after it, which go with it when it is dropped."""
+        for text in texts:
+            for chunk in _BETWEEN_DEFINITIONS.split(text.strip("\n")):
+                self._define(_DEFINED.search(chunk)[1], [*chunk.split("\n"), "", ""], chunk)
+
+    def _define(self, name: str, lines: list[str], reads: str) -> None:
+        """`lines` define `name`; they read the names in `reads`."""
+        definition = len(self._spans)
+        self._spans.append(range(len(self.lines), len(self.lines) + len(lines)))
+        self.lines += lines
+        self._defs.setdefault((self.scope, name), []).append(definition)
+        self._reads.append((self.scope, definition, set(_WORD.findall(reads))))
 
     def _target(self, scope: str, name: str) -> tuple[str, str] | None:
         for target in ((scope, name), ("module", name)):
@@ -137,20 +155,21 @@ class Source:
         """The source, without the definitions that no kept line reads (directly or through others)."""
         read_by_definition: dict[int, list[tuple[str, str]]] = {}
         stack: list[tuple[str, str]] = []
-        for scope, line, names in self._reads:
+        for scope, definition, names in self._reads:
             targets = [t for name in names if (t := self._target(scope, name)) is not None]
-            if line is None:
+            if definition is None:
                 stack += targets
             else:
-                read_by_definition[line] = targets
+                read_by_definition[definition] = targets
         live: set[tuple[str, str]] = set()
         while stack:
             d = stack.pop()
             if d not in live:
                 live.add(d)
-                for line in self._defs[d]:
-                    stack += read_by_definition[line]
-        dead = {i for d, lines in self._defs.items() if d not in live for i in lines}
+                for definition in self._defs[d]:
+                    stack += read_by_definition[definition]
+        dead = {i for d, definitions in self._defs.items() if d not in live
+                for definition in definitions for i in self._spans[definition]}
         return "\n".join(line for i, line in enumerate(self.lines) if i not in dead)
 
 
@@ -329,14 +348,17 @@ def scatter_header(src: Source) -> None:
 
 def per_parameter_module(structure: Any, key: str, kind: str, maps: ComponentMaps, helpers: Sequence[str]) -> str:
     """The source of a module in which every parameter has code of its own (no loops over layers):
-    the header, the size reads, `helpers` (lines), BLOCKS, gather and scatter."""
+    the header, the size reads, the `helpers` (texts of definitions, see `Source.helpers`) that the code
+    calls, BLOCKS, gather and scatter."""
     bound = structure.bound
     comps = components_by_block(structure.blocks)
     src = Source()
     src.add(*header(key, kind))
     read_sizes(src, bound.sizes)
     define_offsets(src, structure.blocks)
-    src.add("", "", *helpers, "", "", "BLOCKS = [")
+    src.add("", "")
+    src.helpers(*helpers)
+    src.add("BLOCKS = [")
     src.add(*[f"    {block_meta(ib, maps)!r}," for ib in structure.blocks])
     src.add("]", "", "")
     src.scope = "gather"

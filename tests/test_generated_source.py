@@ -2,8 +2,9 @@
 
 What it computes is tested against the oracles elsewhere (test_compiler_oracles, test_templates,
 test_repeated_spaces); here: sizes are named after spaces and axes, no variable is assigned and never
-read, no reshape or expand leaves a shape as it was, BLOCKS rows are dicts, and the disk cache's key
-names the emitter, so entries written by another emitter are never used.
+read, no helper function is defined and never called, no reshape or expand leaves a shape as it was,
+BLOCKS rows are dicts, and the disk cache's key names the emitter, so entries written by another emitter
+are never used.
 """
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ def test_every_assigned_variable_is_read(compiled: symo.CompiledSpec) -> None:
             for target in node.targets:
                 if isinstance(target, ast.Name) and target.id not in ("BLOCKS",):
                     assert target.id in loaded or target.id in ("gather", "scatter"), ast.unparse(node)
+
+
+def test_every_helper_function_is_called(compiled: symo.CompiledSpec) -> None:
+    """The emitter's one pruning pass drops helper functions nothing calls, as it drops unread variables."""
+    tree = ast.parse(compiled.source)
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    helpers = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+               and node.name not in ("gather", "scatter")]
+    assert all(name in loaded for name in helpers), helpers
 
 
 class _ShapeChanges(TorchFunctionMode):
