@@ -171,12 +171,8 @@ def _compiled(spec: Any, reference: Any, ref_t: Mapping[str, torch.Tensor], size
     try:
         return compile(spec, shapes, sizes=sizes, strict=strict), False
     except SpecError as exc:
-        if exc.key is not None and exc.key.endswith(".per") and "identity owner" in exc.reason:
-            raise SpecError(exc.reason, file=exc.file, key=exc.key, param=exc.param, axis=exc.axis,
-                            hint=f"{exc.hint}; align then keeps every head (the owner) in place and matches the spaces "
-                                 "declared per it within each head (a spec cannot permute heads)") from None
-        if not _covers_nothing(spec, shapes, sizes):
-            raise
+        if exc.key is not None and exc.key.endswith(".per") or not _covers_nothing(spec, shapes, sizes):
+            raise  # an owner's group, say: the compiler's own reason
     raise AlignError(f"spec {spec.name!r} ({spec.source}) covers none of the models' parameters (e.g. "
                      f"{', '.join(list(shapes)[:3])}): give the spec written for this model (`symo params` "
                      "lists the names a spec matches), or spec=None to infer one")

@@ -10,7 +10,14 @@ per-head (`per`) spaces and fused axes included (a test checks C against autogra
 - `perm`: C's linear assignment (scipy's `linear_sum_assignment`, maximising);
 - `signed_perm`: the assignment of |C|, each match taking the sign of its C_ij;
 - `orthogonal`: orthogonal Procrustes, Q = U V^T for C = U S V^T;
-- a `per` space: one such solve per index of its owner (one element per head).
+- a `per` space: one such solve per index of its owner (one element per head);
+- a `perm` or `signed_perm` owner of `per` spaces (heads permuted as wholes, each with its own rotation): the
+  heads and their per-spaces jointly. With the other spaces fixed, pairing result head a with head b of
+  `other` is worth C0[a, b] (the blocks where the owner occurs alone) plus, per owned space, the best
+  element's value on its cross matrix C[a, b] (for a rotation its nuclear norm: the Procrustes optimum). A
+  linear assignment on that score picks the heads (for signed_perm each pair also its sign), then each pair
+  its elements (Procrustes): the exact maximum over the owner and its per-spaces together, which a
+  coordinate step on the owner alone would miss (`_update_owner`).
 
 A space that occurs twice in one block (a repeated space: an RNN's W_hh moves as Q W Q^T) makes the objective
 quadratic in Q. Its steps: the linearisation at the current Q (both occurrences' terms, each with the
@@ -171,6 +178,7 @@ def _descend(compiled: CompiledSpec, element: dict[str, torch.Tensor], ref: Tens
              shuffle: torch.Generator | None, bar, start: str) -> Matching:
     history = [total]
     last_changed = {s: 0 for s in solve}
+    owned = {s: joint_spaces(compiled, s, solve) for s in solve}
     sweeps, converged = 0, False
     for sweep in range(1, max_sweeps + 1):
         sweeps = sweep
@@ -179,12 +187,13 @@ def _descend(compiled: CompiledSpec, element: dict[str, torch.Tensor], ref: Tens
         order = solve if shuffle is None else [solve[i] for i in torch.randperm(len(solve), generator=shuffle)]
         gain, moved = 0.0, 0.0
         for s in order:
-            before = element[s]
-            gain += _update(compiled, element, s, ref, other, s in repeated)
-            change = float((element[s] - before).abs().max())
-            if change > 0:
-                moved = max(moved, change)
-                last_changed[s] = sweep
+            before = {t: element[t] for t in [s, *owned[s]]}
+            gain += _update(compiled, element, s, ref, other, s in repeated, owned[s])
+            for t, previous in before.items():
+                change = float((element[t] - previous).abs().max())
+                if change > 0:
+                    moved = max(moved, change)
+                    last_changed[t] = sweep
             bar.update(1)
         total += gain
         history.append(total)
@@ -204,9 +213,25 @@ def _gradient(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, 
     Where s occurs once in every block the objective is <Q_s, C> with C = sum over blocks of
     R_(k) Y_(k)^T (R: ref's block, Y: other's block moved by every other space, k: s's atom), one
     contraction per block; otherwise (a repeated space) autograd through `CompiledSpec.act`."""
-    if s not in repeated_spaces(compiled, names):
+    if s not in repeated_spaces(compiled, names) and not moving_per_spaces(compiled, s):
         return _contraction(compiled, element, s, ref, other, names)
+    # a repeated space, or an owner whose per-spaces act after it (CompiledSpec.act): autograd through act
     return _autograd_gradient(compiled, element, s, ref, other, names)
+
+
+def moving_per_spaces(compiled: CompiledSpec, s: str) -> list[str]:
+    """The spaces declared per `s` that a group moves, where `s` itself has a group (perm, signed_perm): heads
+    permuted as wholes, each carrying its own element of these spaces."""
+    if compiled.spaces[s]["group"] == "identity":
+        return []
+    return [t for t, info in compiled.spaces.items() if info["per"] == s and info["group"] != "identity"]
+
+
+def joint_spaces(compiled: CompiledSpec, s: str, solve: list[str]) -> list[str]:
+    """The per-spaces solved jointly with owner `s` (`_update_owner`): all of its moving per-spaces when every
+    one is being solved here, else none (one fixed by activation matching: the owner is then solved alone)."""
+    owned = moving_per_spaces(compiled, s)
+    return owned if owned and all(t in solve for t in owned) else []
 
 
 def repeated_spaces(compiled: CompiledSpec, names: list[str]) -> set[str]:
@@ -258,10 +283,15 @@ def _autograd_gradient(compiled: CompiledSpec, element: dict[str, torch.Tensor],
 
 
 def _update(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, ref: Tensors, other: Tensors,
-            quadratic: bool, inner: int = 20) -> float:
-    """Solve space `s` with the others fixed; returns the objective's gain (0: element kept)."""
+            quadratic: bool, owned: list[str] | None = None, inner: int = 20) -> float:
+    """Solve space `s` with the others fixed (an owner with the spaces `owned` per it: those too); returns the
+    objective's gain (0: elements kept)."""
     group = compiled.spaces[s]["group"]
     names = compiled.space_params[s]
+    if owned and not quadratic:
+        gain = _update_owner(compiled, element, s, owned, ref, other)
+        if gain is not None:
+            return gain
     if not quadratic:  # linear in Q_s: the part of the objective that moves with Q_s is <Q_s, C> exactly
         c = _gradient(compiled, element, s, ref, other, names)
         new = _solve(group, c)
@@ -300,6 +330,89 @@ def _update(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, re
         gained += best_value - current
         current = best_value
     return gained
+
+
+def _update_owner(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, owned: list[str], ref: Tensors,
+                  other: Tensors) -> float | None:
+    """Owner `s` (perm or signed_perm) and its per-spaces `owned` solved jointly, the other spaces fixed (module
+    docstring); returns the gain, or None where the objective does not split by head pairs (two of the owned
+    spaces in one block: the caller then solves `s` alone)."""
+    terms = head_pair_terms(compiled, element, s, owned, ref, other)
+    if terms is None:
+        return None
+    c0, cross = terms
+    groups = {t: compiled.spaces[t]["group"] for t in owned}
+    signs = (1.0, -1.0) if compiled.spaces[s]["group"] == "signed_perm" else (1.0,)
+    scores = torch.stack([sign * c0 + sum(best_values(groups[t], sign * cross[t]) for t in owned)
+                          for sign in signs])
+    score, which = scores.max(0)
+    rows, cols = linear_sum_assignment(score.numpy(), maximize=True)
+    n, dtype = c0.shape[0], element[s].dtype
+    value = float(score[rows, cols].sum())
+    # the current element's value in the same terms: x'_a = R_a sum_b P_ab x_b
+    p = element[s][0].double()
+    current = float((p * c0).sum()) + sum(
+        float((p * torch.einsum("aij,abij->ab", element[t].double(), cross[t])).sum()) for t in owned)
+    if not (math.isfinite(value) and value > current + 1e-13 * max(abs(current), 1e-30)):
+        return 0.0
+    sign = torch.tensor([signs[int(which[a, b])] for a, b in zip(rows, cols)], dtype=torch.float64)
+    q = torch.zeros(n, n, dtype=torch.float64)
+    q[torch.as_tensor(rows), torch.as_tensor(cols)] = sign
+    element[s] = q.to(dtype).unsqueeze(0)
+    for t in owned:
+        element[t] = torch.stack([solve_linear(groups[t], sign[a] * cross[t][a, b])
+                                  for a, b in zip(rows, cols)]).to(dtype)
+    return value - current
+
+
+def head_pair_terms(compiled: CompiledSpec, element: Tensors, s: str, owned: list[str], ref: Tensors,
+                    other: Tensors) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+    """The objective over owner `s` and its per-spaces `owned`, the other spaces at `element`, by pairs of heads:
+    C0 (n, n), C0[a, b] = <ref's head a, other's head b> over the blocks where no owned space occurs, and per
+    owned space t, C_t (n, n, m, m): ref's head a against other's head b contracted over every atom but t's
+    (float64). None where two owned spaces share a block (the objective is then not linear per pair)."""
+    names = compiled.space_params[s]
+    reset = {t: torch.eye(element[t].shape[-1], dtype=element[t].dtype).expand_as(element[t]) for t in [s, *owned]}
+    with torch.no_grad():
+        moved = compiled.act({**element, **reset}, other, names)
+    n = compiled.spaces[s]["size"]
+    c0 = torch.zeros(n, n, dtype=torch.float64)
+    cross = {t: torch.zeros(n, n, compiled.spaces[t]["size"], compiled.spaces[t]["size"], dtype=torch.float64)
+             for t in owned}
+    for name in names:
+        for block in compiled.param_blocks(name):
+            atoms = [sp for axis in block["axes"] for sp, _ in axis]
+            if s not in atoms:
+                continue
+            here = [k for k, sp in enumerate(atoms) if sp in cross]
+            if len(here) > 1 or atoms.count(s) > 1:
+                return None
+            sizes = [size for axis in block["axes"] for _, size in axis]
+            r, y = ref[name], moved[name]
+            for axis, (start, length) in enumerate(block["slices"]):
+                r, y = r.narrow(axis, start, length), y.narrow(axis, start, length)
+            r, y = r.reshape(sizes).double(), y.reshape(sizes).double()
+            j = atoms.index(s)
+            if not here:
+                c0 += torch.movedim(r, j, 0).reshape(n, -1) @ torch.movedim(y, j, 0).reshape(n, -1).T
+                continue
+            k = here[0]
+            r = torch.movedim(r, (j, k), (0, 1)).reshape(n, sizes[k], -1)
+            y = torch.movedim(y, (j, k), (0, 1)).reshape(n, sizes[k], -1)
+            cross[atoms[k]] += torch.einsum("aiz,bjz->abij", r, y)
+    return c0, cross
+
+
+def best_values(group: str, c: torch.Tensor) -> torch.Tensor:
+    """max over the group of <Q, C> for each m x m matrix C of `c` (..., m, m): the nuclear norm for orthogonal
+    (the Procrustes optimum), the linear assignment's value for perm and signed_perm, the trace for identity."""
+    if group == "orthogonal":
+        return torch.linalg.svdvals(c).sum(-1)
+    if group == "identity":
+        return torch.diagonal(c, dim1=-2, dim2=-1).sum(-1)
+    flat = c.reshape(-1, *c.shape[-2:])
+    values = torch.stack([(solve_linear(group, m) * m).sum() for m in flat])
+    return values.reshape(c.shape[:-2])
 
 
 def _solve(group: str, c: torch.Tensor) -> torch.Tensor:
