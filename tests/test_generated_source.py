@@ -19,13 +19,16 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import symo
-from symo.train.models import GPT, GPTConfig, mlp_tanh
+from symo.train.models import GPT, GPTConfig, gpt_small, mlp_tanh
 from symo.train.rnn import RNN
 
 
 def gpt_true() -> symo.CompiledSpec:
     model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=3, n_head=2, n_embd=8))
     return symo.compile("gpt_true", model, sizes={"dqk{i}": 4, "dvo{i}": 4}, disk_cache=False)
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 CASES = {  # the three generators, by the name their header gives
@@ -108,3 +111,11 @@ def test_entries_of_another_emitter_are_not_used(tmp_path: Path, monkeypatch: py
     second = symo.compile("mlp_tanh", mlp_tanh(), cache_dir=tmp_path)
     assert second.key != first.key and second.from_cache == "built"
     assert sorted(p.stem for p in tmp_path.glob("*.py")) == sorted([first.key, second.key])
+
+
+def test_the_listing_in_the_architecture_docs_is_what_the_emitter_writes() -> None:
+    """docs/architecture.md shows part of `symo compile gpt_true --model symo.train.models:gpt_small --size
+    'dqk{i}=16' --size 'dvo{i}=16' --source`: it stays a listing of the current emitter's output."""
+    listing = (DOCS / "architecture.md").read_text().split("```text\n", 1)[1].split("\n```", 1)[0]
+    source = symo.compile("gpt_true", gpt_small(), sizes={"dqk{i}": 16, "dvo{i}": 16}, disk_cache=False).source
+    assert listing in source
