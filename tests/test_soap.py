@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 from helpers import polar, rel
@@ -170,3 +173,13 @@ def test_soap_never_makes_a_nan_on_rank_deficient_ill_conditioned_gradients(dtyp
         layer.weight.grad = ((u * torch.tensor([1e3, 1e-6])) @ v * (10.0 ** (t % 5 - 2))).to(dtype)
         opt.step()
         assert bool(torch.isfinite(layer.weight).all()), t
+
+
+def test_the_conventions_benchmark_writes_its_table(tmp_path):
+    from benchmarks import soap_conventions
+
+    assert soap_conventions.main(["--quick", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "soap_conventions.json").read_text())
+    assert set(data["arms"]) == {"soap (float32 statistics)", "soap, float64 statistics"}
+    assert all(math.isfinite(a["test"]) for a in data["arms"].values())
+    assert "| soap, float64 statistics |" in (tmp_path / "soap_conventions.md").read_text()
