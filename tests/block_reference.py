@@ -15,6 +15,7 @@ import itertools
 import math
 
 import torch
+from helpers import ref_power
 
 F64 = torch.float64
 
@@ -94,27 +95,10 @@ class BlockLayout:
         return self.scatter({k: (y if k == () else torch.zeros_like(y)) for k, y in ys.items()})
 
 
-def psd_function(a: torch.Tensor, p: float, damping: float = 0.0, mode: str = "relative",
-                 zero_rel: float | None = None) -> torch.Tensor:
-    """(A + shift)^p by float64 eigh: relative shift damping * lambda_max(A), or absolute shift damping, with
-    exact zeros mapped to 0 under both. Exact zeros: eigenvalues at or below zero_rel * lambda_max, by default
-    the README's 8 sqrt(m) eps (a real eigenvalue just above it is kept and damped, so the reference must
-    draw the line where the documented contract does)."""
-    a = a.to(F64)
-    if zero_rel is None:
-        zero_rel = 8 * math.sqrt(a.shape[-1]) * torch.finfo(F64).eps
-    evals, evecs = torch.linalg.eigh((a + a.T) / 2)
-    lam = float(evals.max().clamp_min(0))
-    shift = damping if mode == "absolute" else damping * lam
-    keep = evals > zero_rel * lam
-    f = torch.where(keep, (evals.clamp_min(0) + shift).clamp_min(1e-300) ** p, torch.zeros_like(evals))
-    return (evecs * f) @ evecs.T
-
-
 def geometric_mean_inverse(sw: torch.Tensor, sg: torch.Tensor) -> torch.Tensor:
     """H = S_w^{-1} # S_g = S_w^{-1/2} (S_w^{1/2} S_g S_w^{1/2})^{1/2} S_w^{-1/2} (S_w positive definite)."""
-    half, ihalf = psd_function(sw, 0.5), psd_function(sw, -0.5)
-    return ihalf @ psd_function(half @ sg @ half, 0.5) @ ihalf
+    half, ihalf = ref_power(sw, 0.5), ref_power(sw, -0.5)
+    return ihalf @ ref_power(half @ sg @ half, 0.5) @ ihalf
 
 
 class ReferenceSymo:
@@ -151,8 +135,8 @@ class ReferenceSymo:
         o = self.o
         if self.global_lambda_max and o["mode"] == "relative":
             lam = float(torch.linalg.eigvalsh(a).max())
-            return psd_function(a, p, o["damping"] * lam_global / max(lam, 1e-300))
-        return psd_function(a, p, o["damping"], o["mode"])
+            return ref_power(a, p, o["damping"] * lam_global / max(lam, 1e-300))
+        return ref_power(a, p, o["damping"], o["mode"] == "absolute")
 
     def step(self, w: dict[str, torch.Tensor], g: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         o, lay = self.o, self.layout
@@ -193,7 +177,8 @@ class ReferenceSymo:
                 h = geometric_mean_inverse(s + delta * torch.eye(len(s), dtype=F64), x)
                 # H is a square root of S_g-like data: its rounding zeros sit near sqrt(m eps) lambda_max
                 zero = math.sqrt(len(h) * torch.finfo(F64).eps)
-                self.precond[label] = psd_function(h, 2 * o["power"], o["damping"], o["mode"], zero_rel=zero)
+                self.precond[label] = ref_power(h, 2 * o["power"], o["damping"], o["mode"] == "absolute",
+                                                zero_rel=zero)
         zs = {}
         for label, y in ys.items():
             d = lay.dims[label]

@@ -47,8 +47,10 @@ def polar(g: torch.Tensor, rank: int | None = None, tol: float | None = None) ->
 
 def ref_power(a: torch.Tensor, p: float, damping: float = 0.0, absolute: bool = False,
               zero_rel: float | None = None) -> torch.Tensor:
-    """Per block: (x + shift)^p on eigenvalues above 8 sqrt(m) eps lambda_max, 0 on the rest (the README's rule),
-    with shift = damping lambda_max (relative) or damping (absolute)."""
+    """Per block, by float64 eigh: (x + shift)^p on the eigenvalues above zero_rel lambda_max, 0 on the rest (exact
+    zeros, under both dampings), with shift = damping lambda_max (relative) or damping (absolute). zero_rel is by
+    default the README's 8 sqrt(m) eps: a real eigenvalue just above it is kept and damped, so the reference
+    draws the line where the documented contract does. The one PSD-power reference of the tests."""
     out = []
     for block in a.reshape(-1, *a.shape[-2:]).to(F64):
         evals, evecs = torch.linalg.eigh((block + block.T) / 2)

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
 
 import pytest
 import torch
-from helpers import rel
+from helpers import ref_power, rel
 
 import symo
 from symo.optim import Symo
@@ -235,15 +234,6 @@ def test_eigen_adam_drop_moves_nothing_where_the_statistic_is_zero():
 
 
 # ------------------------------------------------------------------ then_orthogonalize: PMuon
-def psd_power(a: torch.Tensor, p: float, damping: float) -> torch.Tensor:
-    """(a + damping lambda_max)^p on the support, 0 on eigenvalues that are zero to working precision."""
-    evals, evecs = torch.linalg.eigh(a)
-    lam = evals.max()
-    keep = evals > 8 * math.sqrt(len(a)) * torch.finfo(F64).eps * lam
-    f = torch.where(keep, (evals.clamp_min(0) + damping * lam).pow(p), torch.zeros_like(evals))
-    return (evecs * f) @ evecs.T
-
-
 def pmuon_reference(grads: list[torch.Tensor], lr: float, two_sided: bool, gamma=0.3, beta=0.95, beta2=0.95,
                     damping=1e-6, frequency=2) -> list[torch.Tensor]:
     """PMuon: Muon's Nesterov momentum u; L, R the bias-corrected EMAs of G G^T and G^T G; every `frequency`
@@ -258,8 +248,8 @@ def pmuon_reference(grads: list[torch.Tensor], lr: float, two_sided: bool, gamma
         left = beta2 * left + (1 - beta2) * g @ g.T
         right = beta2 * right + (1 - beta2) * g.T @ g
         if (t - 1) % frequency == 0:
-            lp = psd_power(left / (1 - beta2 ** t), -gamma, damping) if two_sided else torch.eye(m, dtype=F64)
-            rp = psd_power(right / (1 - beta2 ** t), -gamma, damping)
+            lp = ref_power(left / (1 - beta2 ** t), -gamma, damping) if two_sided else torch.eye(m, dtype=F64)
+            rp = ref_power(right / (1 - beta2 ** t), -gamma, damping)
         p = lp @ u @ rp
         p = p * u.norm() / p.norm()
         uu, _, vh = torch.linalg.svd(p, full_matrices=False)

@@ -15,9 +15,9 @@ import math
 
 import pytest
 import torch
-from block_reference import BlockLayout, ReferenceSymo, psd_function  # noqa: E402
+from block_reference import BlockLayout, ReferenceSymo  # noqa: E402
 from cases import FACTORED, MUON, PER_HEAD, RELU, SIZES, SPECS, TANH, _data, _loss, _sensing
-from helpers import rel
+from helpers import ref_power, rel
 from references import ReferenceMuon, newton_schulz  # noqa: E402
 
 from symo.optim import Symo, SymoConfig
@@ -220,8 +220,8 @@ def test_newton_schulz_backend_for_stored_statistics_is_the_coupled_inverse_root
             upd = (before[n] - model.get_parameter(n).detach()).T        # block coordinates: Y = G^T
             a = g.T @ g / g.shape[0]                                      # bias-corrected EMA after one step
             frob = float(torch.sqrt((a * a).sum()))
-            want = psd_function(a + damping * frob * torch.eye(len(a), dtype=a.dtype), -0.5) @ g.T
-            lam = psd_function(a, -0.5, damping) @ g.T                 # what a lambda_max convention gives
+            want = ref_power(a + damping * frob * torch.eye(len(a), dtype=a.dtype), -0.5) @ g.T
+            lam = ref_power(a, -0.5, damping) @ g.T                 # what a lambda_max convention gives
             if backend == "newton_schulz":
                 assert rel(upd, want) < 1e-10 and rel(upd, lam) > 1e-3, n
             else:
