@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import interleaved_ms_per_step
+from symo.optim.bases import Eigh
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -27,6 +28,12 @@ TUNED_REGIMES = ("reference", "data_rich")
 QUICK = {"batch_size": 4, "block_size": 16, "steps": 10, "eval_interval": 5, "eval_batches": 1, "warmup": 2,
          "adamw_lr": 3e-3, "n_layer": 1, "n_head": 2, "n_embd": 32}
 
+# eigen_adam's conventions before SOAP's became its defaults (symo/optim/kinds/eigen_adam.py documents each)
+OLDER_EIGEN_ADAM = {"first_step": "update", "statistic_timing": "before", "refresh": Eigh(), "null_directions": "drop",
+                    "eps_placement": "adam", "max_precond_dim": 2048}
+
+LABELS = {"eigen_adam": "eigen_adam (older conventions)", "one_sided_soap": "eigen_adam (one-sided SOAP)",
+          "soap": "soap", "soap_muon": "SOAP-Muon"}
 # arm -> how it is built and its starting learning-rate grid (hidden matrices; AdamW: every parameter)
 ARMS: dict[str, dict[str, Any]] = {
     "adamw": {"kind": "adamw", "grid": [2e-3, 4e-3, 8e-3], "label": "AdamW"},
@@ -42,11 +49,14 @@ ARMS: dict[str, dict[str, Any]] = {
     "symo_defaults_gpt_true": {"kind": "symo", "spec": "gpt_true", "options": {"update_scale": "muon"},
                                "grid": [0.01, 0.02, 0.04], "label": "Symo defaults, gpt_true"},
     **{f"symo_{kind}_{spec}": {"kind": "symo", "spec": spec, "options": options, "grid": grid,
-                              "label": f"Symo {kind}, {spec}"}
+                              "label": f"Symo {LABELS.get(kind, kind)}, {spec}"}
        for kind, options, grid in (
            # the published step with H_inv refreshed every 10 steps (every step costs 5-20x Muon's step here)
            ("published", {"preset": "published", "precondition_frequency": 10}, [0.015, 0.03, 0.06]),
-           ("eigen_adam", {"preset": "eigen_adam"}, [1.5e-3, 3e-3, 6e-3]),
+           # eigen_adam as it was before SOAP's conventions became its defaults (these runs are in the caches)
+           ("eigen_adam", {"preset": "eigen_adam", **OLDER_EIGEN_ADAM}, [1.5e-3, 3e-3, 6e-3]),
+           # eigen_adam now: one-sided SOAP (the side the group leaves free) with SOAP's conventions
+           ("one_sided_soap", {"preset": "eigen_adam"}, [1.5e-3, 3e-3, 6e-3]),
            ("then_orthogonalize", {"preset": "then_orthogonalize"}, [0.01, 0.02, 0.04]),
            ("soap", {"preset": "soap"}, [1.5e-3, 3e-3, 6e-3]),
            # SOAP-Muon: the polar factor of SOAP's direction, both sides from one spec, Muon's scale
