@@ -28,17 +28,19 @@ d = { group = "orthogonal", per = "head" }
 """
 
 
-def _data(seed: int = 1):
+def mlp_data(seed: int = 1):
+    """Inputs and targets (16 rows, float64) for an MLP of SIZES."""
     gen = torch.Generator().manual_seed(seed)
     return (torch.randn(16, SIZES[0], generator=gen, dtype=torch.float64),
             torch.randn(16, SIZES[-1], generator=gen, dtype=torch.float64))
 
 
-def _loss(model, x, y):
+def mse_loss(model, x, y):
+    """The mean squared error of model(x) against y."""
     return ((model(x) - y) ** 2).mean()
 
 
-def _sensing(m=10, n=8, k=3, count=60, seed=0):
+def sensing_loss(m=10, n=8, k=3, count=60, seed=0):
     """Matrix sensing loss of a factored model W = model(): `count` Gaussian measurements of a rank-k target."""
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(count, m, n, generator=gen, dtype=torch.float64)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import _sensing
+from cases import sensing_loss
 from helpers import rel
 from references import ReferenceMuon, ReferenceShampoo  # noqa: E402
 
@@ -166,7 +166,7 @@ def test_factored_update_is_gram_determined():
     """One step: sqrt(k) (Y Y^T)^{-1/2} Y with Y = [G_U; G_V], pseudo-inverse by a dense eigh."""
     torch.manual_seed(0)
     model = Factored(10, 8, 3).double()
-    loss = _sensing()
+    loss = sensing_loss()
     loss(model).backward()
     y = torch.cat([model.U.grad, model.V.grad]).clone()
     model.zero_grad()
@@ -317,7 +317,7 @@ def test_frozen_and_gradient_less_parameters_and_closure():
     model = Factored(10, 8, 3).double()
     model.V.requires_grad_(False)
     v0 = model.V.detach().clone()
-    loss = _sensing()
+    loss = sensing_loss()
     opt = Symo(model.named_parameters(), FACTORED, lr=0.1, beta1=0.0, damping=0.0)
     loss(model).backward()
     g = model.U.grad.clone()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import MUON, SIZES, SPECS, TANH, _data, _loss
+from cases import MUON, SIZES, SPECS, TANH, mlp_data, mse_loss
 
 from symo.optim import Symo
 from symo.runtime.compiled import NonFiniteGradientError
@@ -23,17 +23,17 @@ def test_check_finite_false_skips_the_check():
     weights (Newton–Schulz backend: eigh itself rejects NaN input); with True the same step raises."""
     torch.manual_seed(0)
     base = MLP(SIZES).double()
-    x, y = _data()
+    x, y = mlp_data()
     runs = []
     for check in (True, False):
         model = copy.deepcopy(base)
         opt = Symo(model.named_parameters(), MUON, lr=0.01, check_finite=check, backend="newton_schulz")
         for _ in range(2):
             opt.zero_grad()
-            _loss(model, x, y).backward()
+            mse_loss(model, x, y).backward()
             opt.step()
         opt.zero_grad()
-        _loss(model, x, y).backward()
+        mse_loss(model, x, y).backward()
         model.fc2.weight.grad[0, 0] = float("nan")
         runs.append((model, opt))
     for a, b in zip(runs[0][0].parameters(), runs[1][0].parameters()):
@@ -178,7 +178,7 @@ def test_blocks_without_gradients_keep_no_statistics():
     torch.manual_seed(0)
     model = MLP(SIZES).double()
     opt = Symo(model.named_parameters(), TANH, preconditioner="root", lr=0.05, beta2=0.9)
-    x, _ = _data()
+    x, _ = mlp_data()
     fc3 = model.fc3.weight.detach().clone()
     for _ in range(2):
         opt.zero_grad()
@@ -201,11 +201,11 @@ def test_loaded_state_is_owned_by_the_optimizer():
     each other, bit for bit equal (stored statistics, momentum, AdamW moments)."""
     torch.manual_seed(0)
     base = MLP(SIZES).double()
-    x, y = _data()
+    x, y = mlp_data()
     opt = Symo(base.named_parameters(), MUON, preconditioner="root", lr=0.01, beta2=0.9, precondition_frequency=2)
     for _ in range(3):
         opt.zero_grad()
-        _loss(base, x, y).backward()
+        mse_loss(base, x, y).backward()
         opt.step()
     saved = opt.state_dict()
     frozen = copy.deepcopy(saved)
@@ -218,7 +218,7 @@ def test_loaded_state_is_owned_by_the_optimizer():
     for model, o in twins:
         for _ in range(3):
             o.zero_grad()
-            _loss(model, x, y).backward()
+            mse_loss(model, x, y).backward()
             o.step()
     for a, b in zip(twins[0][0].parameters(), twins[1][0].parameters()):
         assert torch.equal(a, b)
@@ -233,10 +233,10 @@ def test_adamw_on_bfloat16_parameters_by_hand():
     decoupled weight decay, rounded to bfloat16 once."""
     torch.manual_seed(0)
     model = MLP(SIZES).to(torch.bfloat16)
-    x, y = _data()
+    x, y = mlp_data()
     opt = Symo(model.named_parameters(), MUON, lr=0.01, adamw_lr=0.1, adamw_betas=(0.8, 0.9), adamw_eps=1e-3,
                adamw_wd=0.5)
-    _loss(model, x.bfloat16(), y.bfloat16()).backward()
+    mse_loss(model, x.bfloat16(), y.bfloat16()).backward()
     b0, g = model.fc1.bias.detach().clone(), model.fc1.bias.grad.float()
     opt.step()
     m_hat, v_hat = 0.2 * g / 0.2, 0.1 * g * g / 0.1

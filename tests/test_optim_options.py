@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 from block_reference import BlockLayout, ReferenceSymo  # noqa: E402
-from cases import FACTORED, MUON, PER_HEAD, RELU, SIZES, SPECS, TANH, _data, _loss, _sensing
+from cases import FACTORED, MUON, PER_HEAD, RELU, SIZES, SPECS, TANH, mlp_data, mse_loss, sensing_loss
 from helpers import ref_power, rel
 from references import ReferenceMuon, newton_schulz  # noqa: E402
 
@@ -53,12 +53,12 @@ def run_symo(layout: str, steps: int, lr: float, **options) -> dict[str, torch.T
     spec, _, _, bias = LAYOUTS[layout]
     torch.manual_seed(0)
     model = MLP(SIZES, bias=bias).double()
-    x, y = _data()
+    x, y = mlp_data()
     opt = Symo(model.named_parameters(), spec, lr=lr, **kind_options(options))
     assert set(opt.assignment.values()) == {"symo"}
     for _ in range(steps):
         opt.zero_grad()
-        _loss(model, x, y).backward()
+        mse_loss(model, x, y).backward()
         opt.step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -67,12 +67,12 @@ def run_reference(layout: str, steps: int, lr: float, **options) -> dict[str, to
     _, spaces, axes, bias = LAYOUTS[layout]
     torch.manual_seed(0)
     model = MLP(SIZES, bias=bias).double()
-    x, y = _data()
+    x, y = mlp_data()
     ref = ReferenceSymo(BlockLayout(spaces, axes, {n: tuple(p.shape) for n, p in model.named_parameters()}),
                         lr=lr, **options)
     for _ in range(steps):
         model.zero_grad()
-        _loss(model, x, y).backward()
+        mse_loss(model, x, y).backward()
         new = ref.step({n: p.detach() for n, p in model.named_parameters()},
                        {n: p.grad for n, p in model.named_parameters()})
         with torch.no_grad():
@@ -145,8 +145,8 @@ def test_option_matches_reference_over_steps(layout, options, neighbour):
 def _bias_free_with_gradient():
     """A float64 bias-free MLP, its data, the gradient at its start (then zeroed) and its start weights."""
     model = MLP(SIZES, bias=False).double()
-    x, y = _data()
-    _loss(model, x, y).backward()
+    x, y = mlp_data()
+    mse_loss(model, x, y).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     return model, x, y, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -164,7 +164,7 @@ def test_auto_backend_switches_to_newton_schulz_above_eigh_max_size():
     report = opt.describe()
     assert "backend=newton_schulz (iterate); fc2.weight" in report
     assert "backend=eigh; fc1.weight" in report and "backend=eigh; fc3.weight" in report
-    _loss(model, x, y).backward()
+    mse_loss(model, x, y).backward()
     opt.step()
     upd = {n: before[n] - p.detach() for n, p in model.named_parameters()}
     for n, g in grads.items():
@@ -214,7 +214,7 @@ def test_newton_schulz_backend_for_stored_statistics_is_the_coupled_inverse_root
         opt = Symo(model.named_parameters(), MUON, preconditioner="root", lr=1.0, beta1=0.0, beta2=0.9, damping=damping,
                    eigh_max_size=6, ns_inverse_steps=60, backend=backend)
         assert f"backend={'newton_schulz' if backend != 'auto' else 'eigh'}; fc2.weight" in opt.describe()
-        _loss(model, x, y).backward()
+        mse_loss(model, x, y).backward()
         opt.step()
         for n, g in grads.items():
             upd = (before[n] - model.get_parameter(n).detach()).T        # block coordinates: Y = G^T
@@ -234,14 +234,14 @@ def test_ns_steps_and_coeffs_reach_the_polar_iteration(steps, coeffs):
     against the reference quintic; the cubic (1.5, -0.5, 0) converges towards the exact polar factor."""
     torch.manual_seed(0)
     model = MLP((5, 8, 6, 3), bias=False).double()
-    x, y = _data()
-    _loss(model, x, y).backward()
+    x, y = mlp_data()
+    mse_loss(model, x, y).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = Symo(model.named_parameters(), MUON, lr=1.0, beta1=0.0, backend="newton_schulz", update_scale="muon",
                ns_steps=steps, ns_coeffs=coeffs)
-    _loss(model, x, y).backward()
+    mse_loss(model, x, y).backward()
     opt.step()
     for n, g in grads.items():
         upd = before[n] - model.get_parameter(n).detach()
@@ -255,13 +255,13 @@ def test_update_scale_muon_on_the_exact_backend_is_muons_scale():
     3 x 6 layer; the natural scale would be sqrt(rows) U V^T."""
     torch.manual_seed(0)
     model = MLP(SIZES, bias=False).double()
-    x, y = _data()
-    _loss(model, x, y).backward()
+    x, y = mlp_data()
+    mse_loss(model, x, y).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = Symo(model.named_parameters(), MUON, lr=1.0, beta1=0.0, damping=0.0, backend="eigh", update_scale="muon")
-    _loss(model, x, y).backward()
+    mse_loss(model, x, y).backward()
     opt.step()
     for n, g in grads.items():
         u, _, vh = torch.linalg.svd(g, full_matrices=False)
@@ -293,7 +293,7 @@ def test_muon_reduction_is_bit_for_bit(sizes, options):
         for model, opts in ((m1, [opt]), (m2, refs)):
             for o in opts:
                 o.zero_grad()
-            _loss(model, x, y).backward()
+            mse_loss(model, x, y).backward()
             for o in opts:
                 o.step()
     assert not torch.equal(m1.fc1.weight, start) and not torch.equal(m1.fc1.bias, start_bias)   # both kinds moved
@@ -323,7 +323,7 @@ def test_compile_true_matches_the_eager_step_bit_for_bit(monkeypatch):
     for _ in range(4):
         for model, o in zip((m1, m2), opts):
             o.zero_grad()
-            _loss(model, x, y).backward()
+            mse_loss(model, x, y).backward()
             o.step()
     assert calls == [("polar_step", {"fullgraph": True})]
     assert "backend=newton_schulz (spectral); fc2.weight" in opts[0].describe()
@@ -336,7 +336,7 @@ def test_compile_true_matches_the_eager_step_bit_for_bit(monkeypatch):
 def test_gauge_twins_on_the_default_path_and_adam_breaks_both_factors(options):
     """factored.toml with the defaults (beta2 = 0, the Muon-style path): (U Q, V Q) trains to (U_t Q, V_t Q)
     to 1e-10 for a random orthogonal Q; Adam's twins leave the orbit in U and in V."""
-    loss = _sensing()
+    loss = sensing_loss()
     torch.manual_seed(0)
     base = Factored(10, 8, 3).double()
     q, _ = torch.linalg.qr(torch.randn(3, 3, dtype=torch.float64))
@@ -366,15 +366,15 @@ def test_geometric_mean_muon_scale_on_rectangular_layers():
     muon scale gives sqrt(max(1, rows / cols)) U V^T (applied once, by the first spec) for tall and wide layers."""
     torch.manual_seed(0)
     model = MLP(SIZES, bias=False).double()
-    x, y = _data()
-    _loss(model, x, y).backward()
+    x, y = mlp_data()
+    mse_loss(model, x, y).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = Symo(model.named_parameters(), SPECS / "shampoo_rows.toml", preconditioner="root", lr=1.0, beta1=0.0,
                beta2=1.0,
                geometric_mean_with=SPECS / "shampoo_cols.toml", damping=0.0, update_scale="muon")
-    _loss(model, x, y).backward()
+    mse_loss(model, x, y).backward()
     opt.step()
     for n, g in grads.items():
         u, _, vh = torch.linalg.svd(g, full_matrices=False)

@@ -10,7 +10,7 @@ import copy
 
 import pytest
 import torch
-from cases import MUON, PER_HEAD, SIZES, SPECS, TANH, _data, _loss
+from cases import MUON, PER_HEAD, SIZES, SPECS, TANH, mlp_data, mse_loss
 from helpers import ref_power, rel
 from references import newton_schulz  # noqa: E402
 
@@ -24,10 +24,10 @@ ROWS, COLS = SPECS / "shampoo_rows.toml", SPECS / "shampoo_cols.toml"
 def trained(model, spec=TANH, steps: int = 2, **options) -> Symo:
     opt = Symo(model.named_parameters(), spec, lr=0.01, **options)
     dtype = next(model.parameters()).dtype
-    x, y = (t.to(dtype) for t in _data())
+    x, y = (t.to(dtype) for t in mlp_data())
     for _ in range(steps):
         opt.zero_grad()
-        _loss(model, x, y).backward()
+        mse_loss(model, x, y).backward()
         opt.step()
     return opt
 
@@ -83,14 +83,14 @@ def test_a_checkpoint_with_a_parameter_that_never_had_a_gradient_loads():
     """fc1.bias never gets a gradient, so the checkpoint holds no state for it: loading works, and the loaded
     optimizer continues exactly like the saved one."""
     torch.manual_seed(0)
-    x, y = _data()
+    x, y = mlp_data()
     model = MLP(SIZES).double()
     opt = Symo(model.named_parameters(), MUON, preconditioner="root", lr=0.01, beta2=0.9)
 
     def steps(m, o, k):
         for _ in range(k):
             o.zero_grad()
-            _loss(m, x, y).backward()
+            mse_loss(m, x, y).backward()
             m.fc1.bias.grad = None
             o.step()
 
@@ -111,7 +111,7 @@ def test_builtin_adamw_equals_torch_adamw_with_a_gradless_parameter_and_unit_wei
     and the first bias of the group without a gradient (skipped, the others still updated). The covered
     weights get lr 0, so both models see the same gradients at every step."""
     torch.manual_seed(0)
-    x, y = _data()
+    x, y = mlp_data()
     model = MLP(SIZES).double()
     twin = copy.deepcopy(model)
     kw = dict(betas=(0.8, 0.99), eps=1e-6, weight_decay=1.0)
@@ -122,7 +122,7 @@ def test_builtin_adamw_equals_torch_adamw_with_a_gradless_parameter_and_unit_wei
     for _ in range(3):
         for m, o in ((model, opt), (twin, ref)):
             o.zero_grad()
-            _loss(m, x, y).backward()
+            mse_loss(m, x, y).backward()
             m.fc1.bias.grad = None
             o.step()
     for (n, a), b in zip(model.named_parameters(), twin.parameters()):
@@ -134,8 +134,8 @@ def test_adamw_moments_of_bfloat16_parameters_are_float32():
     torch.manual_seed(0)
     model = MLP(SIZES).to(torch.bfloat16)
     opt = Symo(model.named_parameters(), MUON, lr=0.01)
-    x, y = _data()
-    _loss(model, x.bfloat16(), y.bfloat16()).backward()
+    x, y = mlp_data()
+    mse_loss(model, x.bfloat16(), y.bfloat16()).backward()
     opt.step()
     for p in (model.fc1.bias, model.fc2.bias, model.fc3.bias):
         assert opt.state[p]["exp_avg"].dtype == opt.state[p]["exp_avg_sq"].dtype == torch.float32
@@ -193,7 +193,7 @@ def _one_step(model, spec, **options):
     gen = torch.Generator().manual_seed(1)
     dtype = next(model.parameters()).dtype
     x, y = (torch.randn(16, n, generator=gen, dtype=dtype) for n in (model.fc1.in_features, model.fc3.out_features))
-    _loss(model, x, y).backward()
+    mse_loss(model, x, y).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = Symo(model.named_parameters(), spec, lr=1.0, beta1=0.0, **options)
@@ -224,14 +224,14 @@ def test_statistic_gradient_with_a_gradless_parameter_counts_it_as_zero():
     (the same update as an explicit zero gradient for the others) and does not move."""
     torch.manual_seed(0)
     base = MLP(SIZES).double()
-    x, y = _data()
+    x, y = mlp_data()
     runs = []
     for drop in (True, False):
         model = copy.deepcopy(base)
         opt = Symo(model.named_parameters(), TANH, lr=0.1, statistic="gradient", beta1=0.5)
         for _ in range(2):
             opt.zero_grad()
-            _loss(model, x, y).backward()
+            mse_loss(model, x, y).backward()
             if drop:
                 model.fc3.bias.grad = None
             else:
@@ -360,11 +360,11 @@ def test_torch_distributed_checkpoint_round_trip_in_one_process(tmp_path) -> Non
     loaded = {"optim": get_optimizer_state_dict(twin, resumed)}
     dcp.load(loaded, checkpoint_id=tmp_path)
     set_optimizer_state_dict(twin, resumed, loaded["optim"])
-    x, y = _data(7)
+    x, y = mlp_data(7)
     for m, o in ((model, opt), (twin, resumed)):
         for _ in range(2):
             o.zero_grad()
-            _loss(m, x, y).backward()
+            mse_loss(m, x, y).backward()
             o.step()
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
