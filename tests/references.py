@@ -2,9 +2,13 @@
 
 - ``ReferenceMuon``: Keller Jordan's Muon (github.com/KellerJordan/Muon, ``muon.py``).
 - ``ReferenceShampoo``: per-matrix Shampoo (Gupta, Koren, Singer 2018), plain, no grafting.
+- ``pmuon_reference``: PMuon, Muon's step on the momentum preconditioned by powers of the gradient's
+  covariances, polar(L^-gamma M R^-gamma), with the exact polar factor; its powers by ``helpers.ref_power``
+  (a float64 eigh, no symo code).
 
-They exist so the library's Muon-like and Shampoo-like modes (docs/theory.md §5) can be
-compared against the algorithms as their authors wrote them, conventions included.
+They exist so the library's Muon-like and Shampoo-like modes (docs/theory.md §5) and its
+then_orthogonalize kind can be compared against the algorithms as their authors wrote them,
+conventions included.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from helpers import ref_power
 
+F64 = torch.float64
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
@@ -231,3 +237,26 @@ class ReferenceShampoo(torch.optim.Optimizer):
                     d = buf
                 p.add_(d.to(p.dtype), alpha=-group["lr"])
         return loss
+
+
+def pmuon_reference(grads: list[torch.Tensor], lr: float, two_sided: bool, gamma=0.3, beta=0.95, beta2=0.95,
+                    damping=1e-6, frequency=2) -> list[torch.Tensor]:
+    """PMuon: Muon's Nesterov momentum u; L, R the bias-corrected EMAs of G G^T and G^T G; every `frequency`
+    steps L^-gamma and R^-gamma; P = L^-gamma u R^-gamma rescaled to ||u||_F; update sqrt(max(1, m/n)) U V^T of P."""
+    m, n = grads[0].shape
+    mom = torch.zeros(m, n, dtype=F64)
+    left, right = torch.zeros(m, m, dtype=F64), torch.zeros(n, n, dtype=F64)
+    out = []
+    for t, g in enumerate(grads, start=1):
+        mom = beta * mom + (1 - beta) * g
+        u = (1 - beta) * g + beta * mom
+        left = beta2 * left + (1 - beta2) * g @ g.T
+        right = beta2 * right + (1 - beta2) * g.T @ g
+        if (t - 1) % frequency == 0:
+            lp = ref_power(left / (1 - beta2 ** t), -gamma, damping) if two_sided else torch.eye(m, dtype=F64)
+            rp = ref_power(right / (1 - beta2 ** t), -gamma, damping)
+        p = lp @ u @ rp
+        p = p * u.norm() / p.norm()
+        uu, _, vh = torch.linalg.svd(p, full_matrices=False)
+        out.append(lr * max(1.0, m / n) ** 0.5 * uu @ vh)
+    return out

@@ -6,8 +6,8 @@
 - eigen_adam with its older conventions (`LEGACY`: the first step taken, this step's statistic folded before the
   rotation, a fresh eigh, null directions dropped, Adam's eps) on a weight matrix with the row and column specs,
   and its one-sided form with one spec (SOAP itself is tested against the libraries in tests/test_soap.py);
-- then_orthogonalize: PMuon, polar(L^-gamma M R^-gamma) with EMA covariances of the raw gradient, with the exact
-  polar factor;
+- then_orthogonalize: PMuon (tests/references.py), polar(L^-gamma M R^-gamma) with EMA covariances of the raw
+  gradient, with the exact polar factor;
 - every kind: a change of the power (or beta2) and of the learning rate in the middle of a run takes effect at
   the next step, as a new optimizer built with the new values and the same state does.
 """
@@ -19,7 +19,8 @@ import itertools
 
 import pytest
 import torch
-from helpers import ref_power, rel
+from helpers import rel
+from references import pmuon_reference
 
 import symo
 from symo.optim import Symo
@@ -234,29 +235,6 @@ def test_eigen_adam_drop_moves_nothing_where_the_statistic_is_zero():
 
 
 # ------------------------------------------------------------------ then_orthogonalize: PMuon
-def pmuon_reference(grads: list[torch.Tensor], lr: float, two_sided: bool, gamma=0.3, beta=0.95, beta2=0.95,
-                    damping=1e-6, frequency=2) -> list[torch.Tensor]:
-    """PMuon: Muon's Nesterov momentum u; L, R the bias-corrected EMAs of G G^T and G^T G; every `frequency`
-    steps L^-gamma and R^-gamma; P = L^-gamma u R^-gamma rescaled to ||u||_F; update sqrt(max(1, m/n)) U V^T of P."""
-    m, n = grads[0].shape
-    mom = torch.zeros(m, n, dtype=F64)
-    left, right = torch.zeros(m, m, dtype=F64), torch.zeros(n, n, dtype=F64)
-    out = []
-    for t, g in enumerate(grads, start=1):
-        mom = beta * mom + (1 - beta) * g
-        u = (1 - beta) * g + beta * mom
-        left = beta2 * left + (1 - beta2) * g @ g.T
-        right = beta2 * right + (1 - beta2) * g.T @ g
-        if (t - 1) % frequency == 0:
-            lp = ref_power(left / (1 - beta2 ** t), -gamma, damping) if two_sided else torch.eye(m, dtype=F64)
-            rp = ref_power(right / (1 - beta2 ** t), -gamma, damping)
-        p = lp @ u @ rp
-        p = p * u.norm() / p.norm()
-        uu, _, vh = torch.linalg.svd(p, full_matrices=False)
-        out.append(lr * max(1.0, m / n) ** 0.5 * uu @ vh)
-    return out
-
-
 @pytest.mark.parametrize("two_sided", [True, False])
 def test_then_orthogonalize_is_pmuon_with_an_exact_polar_factor(two_sided):
     torch.manual_seed(0)
