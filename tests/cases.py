@@ -1,5 +1,6 @@
 """Inputs shared by several test modules (a helper, not a test module: the tests import from here,
-never from one another): spec paths and data of the optimizer tests, a `{i}` stack's shapes, a small
+never from one another): spec paths and data of the optimizer tests, an MLP's hidden-space spec, a `{i}`
+stack's spec and shapes, a small
 training run's config, the Laplace tests' problem, PSD blocks for the linear algebra, and Hugging Face
 GPT-2's spec written by hand."""
 
@@ -64,6 +65,17 @@ def train(model, opt, steps: int = 3, batch: int = 4, length: int = 16) -> None:
 
 
 # ---------------------------------------------------------------- compiler
+# an MLP's one hidden space h (fc1's rows, its bias, fc2's columns), its group left open (MLP_SPEC % "perm");
+# fc2.bias is left uncovered
+MLP_SPEC = """
+[spaces]
+h = "%s"
+[params]
+"fc1.weight" = ["h", "_"]
+"fc1.bias" = ["h"]
+"fc2.weight" = ["_", "h"]
+"""
+
 # a `{i}` stack of one space per layer, its group left open (FAMILY % "perm")
 FAMILY = """
 [spaces]

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from cases import MLP_SPEC
 from torch import nn
 
 import symo
@@ -177,8 +178,7 @@ def _group(n: int, signed: bool):
 @pytest.mark.parametrize("group,n", [("perm", 4), ("signed_perm", 3)], ids=["S_4", "B_3"])
 @pytest.mark.parametrize("seed", range(4))
 def test_weight_matching_agrees_with_brute_force(group: str, n: int, seed: int) -> None:
-    spec = symo.parse_spec(f'name = "one hidden space"\n[spaces]\nh = {{ group = "{group}" }}\n[params]\n'
-                           '"fc1.weight" = ["h", "_"]\n"fc1.bias" = ["h"]\n"fc2.weight" = ["_", "h"]\n')
+    spec = symo.parse_spec('name = "one hidden space"\n' + MLP_SPEC % group)
     ref, other = (_seeded(lambda: MLP((5, n, 3), act="tanh"), s) for s in (seed, 100 + seed))
     elements = list(_group(n, group == "signed_perm"))
     assert len(elements) == (24 if n == 4 else 48)

@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import symo.compiler as compiler
 import torch
+from cases import MLP_SPEC
 from symo.compiler.cache import DiskCache
 
 import symo
 
 REPO = Path(__file__).resolve().parents[1]
 MLP = {"fc1.weight": (3, 2), "fc1.bias": (3,), "fc2.weight": (2, 3), "fc2.bias": (2,)}
-GOOD = ('[spaces]\nh = "signed_perm"\n[params]\n"fc1.weight" = ["h", "_"]\n"fc1.bias" = ["h"]\n'
-        '"fc2.weight" = ["_", "h"]\n')
+GOOD = MLP_SPEC % "signed_perm"
 MAX_MESSAGE = 700  # characters: a message stays readable whatever the input
 
 
@@ -56,7 +56,7 @@ def check_spec_error(err: symo.SpecError, file: str | None = None) -> None:
 DEEP_ARRAY = "a = " + "[" * 5000 + "]" * 5000 + "\n"
 DEEP_TABLE = "a = " + "{b = " * 3000 + "1" + "}" * 3000 + "\n"
 SPEC_TEXTS = {
-    "control-char-raw": ("[spaces]\nh = \"perm\"\x07\n" + GOOD[20:], "control character"),
+    "control-char-raw": ("[spaces]\nh = \"perm\"\x07\n" + GOOD[GOOD.index("[params]"):], "control character"),
     "newline-in-param-key": (GOOD + '"fc2.bias\\nimport os" = ["_"]\n', "not a valid parameter name"),
     "newline-in-space-key": ('[spaces]\n"h\\n" = "perm"\n[params]\n"fc1.bias" = ["h"]\n', "not a valid space name"),
     "zero-width-space-in-key": (GOOD + '"fc2.bias\\u200b" = ["_"]\n', "not a valid parameter name"),

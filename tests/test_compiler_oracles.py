@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import oracles as O
 import pytest
 import torch
+from cases import MLP_SPEC
 from helpers import oracle_S, polar
 from torch.func import functional_call
 
@@ -87,15 +88,7 @@ class Case:
 
 def mlp_case(kind: str, n: int) -> Case:
     """The permutation MLP: W1 (h x 3), b1 (h), W2 (2 x h) share h; b2 is moved by nothing."""
-    spec = f"""
-[spaces]
-h = {{ group = "{kind}" }}
-[params]
-"fc1.weight" = ["h", "_"]
-"fc1.bias" = ["h"]
-"fc2.weight" = ["_", "h"]
-"fc2.bias" = ["_"]
-"""
+    spec = MLP_SPEC % kind + '"fc2.bias" = ["_"]\n'
     shapes = (("fc1.weight", (n, 3)), ("fc1.bias", (n,)), ("fc2.weight", (2, n)), ("fc2.bias", (2,)))
     layout = (("fc1.weight", (n, 3), ["h", "_"]), ("fc1.bias", (n,), ["h"]),
               ("fc2.weight", (2, n), ["_", "h"]), ("fc2.bias", (2,), ["_"]))

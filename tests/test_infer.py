@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from cases import HF_GPT2_SPEC
+from cases import HF_GPT2_SPEC, MLP_SPEC
 from helpers import assert_all_true, assert_covers, assignment, independent_check
 from symo.compiler import bind, load_spec, parse_spec
 from symo.compiler.parse import bundled_specs
@@ -217,8 +217,7 @@ def test_operation_that_breaks_a_space_drops_it(how, words):
     assert "fc2.weight" in moved and [s.group for s in result.spaces] == ["signed_perm"]
     assert any(words in d.reason and "fc1.weight" in d.params for d in result.dropped), result.report()
     # the broken space really is broken: declaring it by hand is caught as relaxed
-    hand = parse_spec('[spaces]\nh = "perm"\n[params]\n"fc1.weight" = ["h", "_"]\n"fc1.bias" = ["h"]\n'
-                      '"fc2.weight" = ["_", "h"]\n')
+    hand = parse_spec(MLP_SPEC % "perm")
     (row,) = check_spec(hand, model, torch.randn(4, 6))
     assert row.status == "relaxed"
 
@@ -492,8 +491,7 @@ def test_sampled_elements_always_move_something():
         assert el["p"][1].tolist() == [[1, 0]]
         assert (el["s"][2] < 0).any(dim=1).all()
     model = MLP((3, 2, 3), act="relu")
-    hand = parse_spec('[spaces]\nh = "signed_perm"\n[params]\n"fc1.weight" = ["h", "_"]\n"fc1.bias" = ["h"]\n'
-                      '"fc2.weight" = ["_", "h"]\n')
+    hand = parse_spec(MLP_SPEC % "signed_perm")
     x = torch.randn(16, 3)
     with torch.no_grad():
         model.fc1.bias.fill_(0.5)  # every unit active somewhere, so a sign flip is visible

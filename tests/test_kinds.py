@@ -19,6 +19,7 @@ import itertools
 
 import pytest
 import torch
+from cases import MLP_SPEC
 from helpers import rel
 from references import pmuon_reference
 
@@ -30,15 +31,7 @@ F64 = torch.float64
 
 
 # ------------------------------------------------------------------ published: the dense reference
-HIDDEN = """
-[spaces]
-h = "{group}"
-[params]
-"fc1.weight" = ["h", "_"]
-"fc1.bias" = ["h"]
-"fc2.weight" = ["_", "h"]
-"fc2.bias" = ["_"]
-"""
+HIDDEN = MLP_SPEC + '"fc2.bias" = ["_"]\n'  # every parameter in the dense reference: HIDDEN % group
 
 
 def group_matrices(group: str, n: int, shapes: dict[str, tuple[int, ...]]) -> list[torch.Tensor]:
@@ -110,7 +103,7 @@ def test_published_equals_the_dense_published_step_over_ten_steps(group):
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(16, 2, generator=gen, dtype=F64), torch.randn(16, 2, generator=gen, dtype=F64)
-    opt = Symo(model.named_parameters(), symo.parse_spec(HIDDEN.format(group=group)), preset="published", lr=0.05)
+    opt = Symo(model.named_parameters(), symo.parse_spec(HIDDEN % group), preset="published", lr=0.05)
     assert opt.config.kind == "published" and set(opt.assignment.values()) == {"symo"}
     ref = PublishedReference(group_matrices(group, 3, shapes), lr=0.05)
     w_ref = flat(model)
@@ -273,7 +266,7 @@ def test_an_option_changed_mid_run_takes_effect_at_the_next_step(options, name, 
     with the old values."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
-    spec = symo.parse_spec(HIDDEN.format(group="perm").replace("fc1", "0").replace("fc2", "2"))
+    spec = symo.parse_spec((HIDDEN % "perm").replace("fc1", "0").replace("fc2", "2"))
     x, y = torch.randn(16, 5, dtype=F64), torch.randn(16, 3, dtype=F64)
 
     def step(m, o):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import torch
+from cases import MLP_SPEC
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -110,8 +111,7 @@ def shape_dicts(draw):
 @SETTINGS
 @given(shape_dicts())
 def test_arbitrary_shapes_raise_documented_errors(shapes: dict) -> None:
-    spec = symo.parse_spec('[spaces]\nh = "perm"\n[params]\n"fc1.weight" = ["h", "_"]\n"fc1.bias" = ["h"]\n'
-                           '"fc2.weight" = ["_", "h"]\n')
+    spec = symo.parse_spec(MLP_SPEC % "perm")
     try:
         compiled = symo.compile(spec, shapes, disk_cache=False)
     except DOCUMENTED:
