@@ -17,6 +17,12 @@ tensors for the same batches through both models; per space
 Hidden activations do not depend on how the other spaces are permuted or rotated (for true symmetries),
 so every located space is solved once, independently. Spaces that cannot be located (a recurrent
 weight, a space sharing its axis with another group) are left to weight matching.
+
+Heads permuted as wholes (per-spaces under a perm or signed_perm owner): every pair of heads gets its
+statistic, the owner's element is the linear assignment of the pairs' best values (a rotation's: the nuclear
+norm of the pair's cross-covariance), and each paired head its elements (`matching.solve_heads`). Where one
+of the owner's per-spaces cannot be located, the owner and its per-spaces are all left to weight matching,
+which solves them jointly.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.compiled import CompiledSpec
-from .matching import solve_linear
+from .matching import moving_per_spaces, solve_heads, solve_linear
 
 # weight axis -> (side of the module, feature dimension of that tensor), per module type
 _LINEAR = {0: ("output", -1), 1: ("input", -1)}
@@ -139,16 +145,19 @@ def _features(t: torch.Tensor, site: Site, offset: int = 0) -> torch.Tensor:
 
 
 class _Stats:
-    """Running sums for one site: means, second moments of each model's units, and the cross moment."""
+    """Running sums for one site: means, second moments of each model's units, and the cross moment (per copy,
+    or with `pairs` between every two copies: heads that may be permuted)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pairs: bool = False) -> None:
         self.n = 0
+        self.pairs = pairs
         self.sr = self.so = self.srr = self.soo = self.cross = None
 
     def add(self, r: torch.Tensor, o: torch.Tensor) -> None:
         if r.shape != o.shape:
             raise ValueError(f"the two models' activations differ in shape: {tuple(r.shape)} vs {tuple(o.shape)}")
-        sums = (r.sum(0), o.sum(0), (r * r).sum(0), (o * o).sum(0), torch.einsum("bci,bcj->cij", r, o))
+        cross = torch.einsum("bci,bdj->cdij", r, o) if self.pairs else torch.einsum("bci,bcj->cij", r, o)
+        sums = (r.sum(0), o.sum(0), (r * r).sum(0), (o * o).sum(0), cross)
         if self.sr is None:
             self.sr, self.so, self.srr, self.soo, self.cross = sums
         else:
@@ -157,13 +166,16 @@ class _Stats:
         self.n += r.shape[0]
 
     def matrix(self, group: str) -> torch.Tensor:
-        """Cross-correlation (perm, signed_perm) or cross-covariance (orthogonal), (copies, n, n)."""
+        """Cross-correlation (perm, signed_perm) or cross-covariance (orthogonal), (copies, n, n); with `pairs`
+        (copies, copies, n, n), entry [a, b] between reference copy a and other copy b."""
         mr, mo = self.sr / self.n, self.so / self.n
+        sd_r = (self.srr / self.n - mr * mr).clamp_min(0).sqrt()
+        sd_o = (self.soo / self.n - mo * mo).clamp_min(0).sqrt()
+        if self.pairs:  # the reference's copy on the first axis, the other's on the second
+            mr, sd_r = mr.unsqueeze(1), sd_r.unsqueeze(1)
         cov = self.cross / self.n - mr.unsqueeze(-1) * mo.unsqueeze(-2)
         if group == "orthogonal":
             return cov
-        sd_r = (self.srr / self.n - mr * mr).clamp_min(0).sqrt()
-        sd_o = (self.soo / self.n - mo * mo).clamp_min(0).sqrt()
         return cov / (sd_r.unsqueeze(-1) * sd_o.unsqueeze(-2) + 1e-12)
 
 
@@ -176,16 +188,35 @@ def activation_matching(compiled: CompiledSpec, reference: nn.Module, other: nn.
     if first is None:
         raise ValueError("data holds no batch: activation matching needs inputs to run the models on")
     sites = locate(reference, compiled, _called(reference, first))
-    stats = {(s, i): _Stats() for s, xs in sites.items() for i in range(len(xs))}
+    heads = {}  # owners that permute heads -> their per-spaces, all located (else all left to weight matching)
+    for owner in compiled.spaces:
+        owned = moving_per_spaces(compiled, owner)
+        if owned:
+            sites.pop(owner, None)  # its element comes from the head pairs
+            if all(t in sites for t in owned):
+                heads[owner] = owned
+            else:
+                for t in owned:
+                    sites.pop(t, None)
+    paired = {t for owned in heads.values() for t in owned}
+    stats = {(s, i): _Stats(pairs=s in paired) for s, xs in sites.items() for i in range(len(xs))}
     for batch in itertools.chain([first], batches):
         captured = [_capture(m, sites, batch) for m in (reference, other)]
         for key, st in stats.items():
             st.add(captured[0][key], captured[1][key])
+    matrices = {s: sum(stats[(s, i)].matrix(compiled.spaces[s]["group"]) for i in range(len(xs)))
+                for s, xs in sites.items()}
     out = {}
-    for s, xs in sites.items():
-        group = compiled.spaces[s]["group"]
-        c = sum(stats[(s, i)].matrix(group) for i in range(len(xs)))
-        out[s] = torch.stack([solve_linear(group, c[j]) for j in range(c.shape[0])])
+    for s in sites:
+        if s not in paired:
+            c = matrices[s]
+            out[s] = torch.stack([solve_linear(compiled.spaces[s]["group"], c[j]) for j in range(c.shape[0])])
+    for owner, owned in heads.items():
+        n = compiled.spaces[owner]["size"]
+        q, rotations, _ = solve_heads(compiled.spaces[owner]["group"], torch.zeros(n, n, dtype=torch.float64),
+                                      {t: (compiled.spaces[t]["group"], matrices[t]) for t in owned})
+        out[owner] = q.unsqueeze(0)
+        out.update(rotations)
     return out, sites
 
 

@@ -342,27 +342,36 @@ def _update_owner(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: s
         return None
     c0, cross = terms
     groups = {t: compiled.spaces[t]["group"] for t in owned}
-    signs = (1.0, -1.0) if compiled.spaces[s]["group"] == "signed_perm" else (1.0,)
-    scores = torch.stack([sign * c0 + sum(best_values(groups[t], sign * cross[t]) for t in owned)
-                          for sign in signs])
-    score, which = scores.max(0)
-    rows, cols = linear_sum_assignment(score.numpy(), maximize=True)
-    n, dtype = c0.shape[0], element[s].dtype
-    value = float(score[rows, cols].sum())
+    q, rotations, value = solve_heads(compiled.spaces[s]["group"], c0, {t: (groups[t], cross[t]) for t in owned})
     # the current element's value in the same terms: x'_a = R_a sum_b P_ab x_b
     p = element[s][0].double()
     current = float((p * c0).sum()) + sum(
         float((p * torch.einsum("aij,abij->ab", element[t].double(), cross[t])).sum()) for t in owned)
     if not (math.isfinite(value) and value > current + 1e-13 * max(abs(current), 1e-30)):
         return 0.0
-    sign = torch.tensor([signs[int(which[a, b])] for a, b in zip(rows, cols)], dtype=torch.float64)
-    q = torch.zeros(n, n, dtype=torch.float64)
-    q[torch.as_tensor(rows), torch.as_tensor(cols)] = sign
+    dtype = element[s].dtype
     element[s] = q.to(dtype).unsqueeze(0)
-    for t in owned:
-        element[t] = torch.stack([solve_linear(groups[t], sign[a] * cross[t][a, b])
-                                  for a, b in zip(rows, cols)]).to(dtype)
+    element.update({t: r.to(dtype) for t, r in rotations.items()})
     return value - current
+
+
+def solve_heads(owner_group: str, c0: torch.Tensor, cross: Mapping[str, tuple[str, torch.Tensor]],
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
+    """argmax of sum_ab P_ab (C0[a, b] + sum_t <R_t[a], C_t[a, b]>) over the owner's (signed) permutation P and the
+    per-head elements R_t: a linear assignment of head pairs (a signed_perm owner also picks each pair's sign),
+    then each pair's elements. `cross`: t -> (t's group, C_t (n, n, m, m)), float64. Returns P (n, n), the R_t
+    (n, m, m) and the maximum."""
+    signs = (1.0, -1.0) if owner_group == "signed_perm" else (1.0,)
+    scores = torch.stack([sign * c0 + sum(best_values(group, sign * c) for group, c in cross.values())
+                          for sign in signs])
+    score, which = scores.max(0)
+    rows, cols = linear_sum_assignment(score.numpy(), maximize=True)
+    sign = torch.tensor([signs[int(which[a, b])] for a, b in zip(rows, cols)], dtype=torch.float64)
+    q = torch.zeros_like(c0)
+    q[torch.as_tensor(rows), torch.as_tensor(cols)] = sign
+    rotations = {t: torch.stack([solve_linear(group, sign[i] * c[a, b]) for i, (a, b) in enumerate(zip(rows, cols))])
+                 for t, (group, c) in cross.items()}
+    return q, rotations, float(score[rows, cols].sum())
 
 
 def head_pair_terms(compiled: CompiledSpec, element: Tensors, s: str, owned: list[str], ref: Tensors,
