@@ -18,9 +18,10 @@ from .inference import (
     infer,
     infer_spec,
     normalize_inputs,
+    training_spec,
 )
 
 __all__ = [
     "Inference", "SpaceCheck", "SpaceResult", "check_spec", "default_example_inputs", "infer", "infer_spec",
-    "normalize_inputs",
+    "normalize_inputs", "training_spec",
 ]

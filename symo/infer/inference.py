@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 from ..compiler import BoundSpec, Spec, SpecError, bind, load_spec, shapes_of
-from ..runtime.text import summarize_names
+from ..runtime.text import fit_lines, summarize_names
 from .handlers import new_tracer
 from .layout import Dropped, Layout, Space, build_layout, is_free
 from .names import _join, build_spec, name_spaces
 from .trace import TraceResult, _tensors
+from .uses import usage_line
 from .verify import OutputCheck
 
 NARROWER = {"orthogonal": "signed_perm", "signed_perm": "perm", "perm": None}
@@ -70,7 +71,8 @@ class Inference:
     def report(self) -> str:
         share = 100 * self.covered_params / max(self.total_params, 1)
         lines = [f"inferred spec {self.spec.name!r}: {len(self.spaces)} spaces, {self.covered_params:,} of "
-                 f"{self.total_params:,} parameters covered ({share:.1f}%)"]
+                 f"{self.total_params:,} parameters covered ({share:.1f}%)",
+                 fit_lines([usage_line(self.extra.get("relax"))])]
         width = max([len(s.name) for s in self.spaces] + [5])
         for s in self.spaces:
             per = f" per {s.per}" if s.per else ""
@@ -232,7 +234,7 @@ def infer(model: nn.Module, example_inputs: Any = None, *, heads: int | None = N
     seconds["total"] = time.perf_counter() - t0
     return Inference(spec, spaces, layout.dropped, layout.unknown, uncovered, layout.notes, seconds, covered, total,
                      joint, check.tolerance(tolerance) if check else tolerance, check.forwards if check else 0,
-                     {"bound": bound, "checked_jointly": jointly})
+                     {"bound": bound, "checked_jointly": jointly, "relax": relax})
 
 
 def infer_spec(model: nn.Module, example_inputs: Any = None, *, heads: int | None = None,
@@ -248,6 +250,15 @@ def infer_spec(model: nn.Module, example_inputs: Any = None, *, heads: int | Non
     (orthogonal -> signed_perm -> perm) or dropped. `symo.infer` returns the report as well.
     """
     return infer(model, example_inputs, heads=heads, relax=relax).spec
+
+
+def training_spec(model: nn.Module, example_inputs: Any = None, *, heads: int | None = None) -> Spec:
+    """The spec that trains best in our measurements: the Muon-style relaxation of the inferred spec
+    (`infer_spec(model, relax="muon")`, what `symo.Symo(model)` uses). Every hidden weight matrix gets a
+    private signed_perm row space; embeddings, the classifier, the first layer and 1-D parameters are left
+    uncovered, so the optimizer gives them to AdamW. The true group (`infer_spec(model)`) is the spec for
+    the curvature and alignment tools (docs/infer.md, "Which spec for what")."""
+    return infer(model, example_inputs, heads=heads, relax="muon").spec
 
 
 def _instance_names(names: dict[int, tuple[str, tuple[str, ...]]]) -> dict[int, str]:
