@@ -1,7 +1,8 @@
 """`Symo`: a torch optimizer whose preconditioner is built from the spec's orbit-averaged curvature (docs/theory.md).
 
     model = symo.models.gpt_bench()
-    opt = symo.Symo(model.named_parameters(), "gpt_muon", lr=0.02, update_scale="muon")
+    opt = symo.Symo(model, preset="muon")      # the spec inferred from the model: its Muon-style relaxation
+    opt = symo.Symo(model.named_parameters(), "gpt_muon", lr=0.02, update_scale="muon")   # a spec of your choice
     print(opt.describe())                      # which parameters are preconditioned, which go to AdamW
 
 Per step, for the parameters the spec covers:
@@ -27,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..compiler import Spec, SpecError
 from ..runtime.compiled import CompiledSpec, NonFiniteUpdateError, check_finite_tensors, compile_for
-from . import report, state
+from ..runtime.text import fit_lines
+from . import auto_spec, report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
 from .config import SymoConfig
@@ -48,9 +51,15 @@ class Symo(torch.optim.Optimizer):
     """Symmetry-structured preconditioning: the spec's commutant curvature, per isotypic block.
 
     Args:
-        params: named parameters (`model.named_parameters()`, a {name: param} dict) or param groups:
-            dicts with "params": [(name, param), ...] plus any of `GROUP_KEYS`.
+        params: the `nn.Module` itself (its `named_parameters()`), named parameters (`model.named_parameters()`,
+            a {name: param} dict) or param groups: dicts with "params": [(name, param), ...] plus any of
+            `GROUP_KEYS`.
         spec: a spec path or bundled name, a parsed `Spec`, or a `CompiledSpec` (compiled here for the shapes).
+            None (only with a module): the Muon-style relaxation inferred from the module
+            (`symo.infer.training_spec`, what `symo infer --relax muon` writes), the spec that trains best in
+            our measurements; `describe()` says so. `Symo(model, preset="muon")` is the one-line start.
+        example_inputs: inputs of the module's forward for that inference (a tensor, a tuple, a dict or
+            (args, kwargs)); None guesses them (symo.infer.default_example_inputs). Only without a spec.
         lr: learning rate of the covered parameters (see `UpdateConfig.update_scale` for its scale);
             None: the preset's recommended rate, or 1e-3 without a preset, at the default natural scale (a
             full-rank block moves 1e-3 RMS per entry, as Adam's rate does). `symo train`'s default 0.02 is at
@@ -72,11 +81,16 @@ class Symo(torch.optim.Optimizer):
     a LambdaLR with one function per torch group. lr,
     weight_decay and beta1 are read from the param groups at every step; the kind's options (power, beta2,
     ...) from `opt.config` at every step, so `opt.config.power = -0.25` takes effect at the next step.
+
+    At construction a spec whose blocks share one small statistic across thousands of coordinates (a
+    transformer's true group, through its residual stream) gives a UserWarning naming the block and the space;
+    symo/optim/auto_spec.py states the rule.
     """
 
-    def __init__(self, params: NamedParams, spec: SpecLike, lr: float | None = None,
+    def __init__(self, params: NamedParams | nn.Module, spec: SpecLike | None = None, lr: float | None = None,
                  config: SymoConfig | None = None, *, preset: str | None = None,
-                 sizes: dict[str, int] | None = None, strict: bool | None = None, **overrides: Any) -> None:
+                 sizes: dict[str, int] | None = None, strict: bool | None = None, example_inputs: Any = None,
+                 **overrides: Any) -> None:
         if config is not None and not isinstance(config, SymoConfig):
             raise TypeError(f"config must be a SymoConfig, got {type(config).__name__}")
         self.preset = None if preset is None else get_preset(preset)
@@ -90,9 +104,19 @@ class Symo(torch.optim.Optimizer):
         self.config = cfg = (config or self.base_config).replace(**overrides)
         if sizes is not None and not isinstance(sizes, dict):
             raise TypeError(f"sizes must be a dict {{space: int}}, got {type(sizes).__name__}")
-        if not isinstance(spec, (str, Path, Spec, CompiledSpec)):
+        module = params if isinstance(params, nn.Module) else None
+        if spec is None and module is None:
+            raise TypeError("spec is missing: pass one (a bundled name such as 'gpt_muon', a path, a Spec or a "
+                            "CompiledSpec), or pass the nn.Module itself, symo.Symo(model, ...), to use the "
+                            "Muon-style spec inferred from it")
+        if example_inputs is not None and (spec is not None or module is None):
+            raise TypeError("example_inputs= is for inferring the spec of a module passed without one, "
+                            "symo.Symo(model, example_inputs=...); drop it when you pass a spec")
+        if spec is not None and not isinstance(spec, (str, Path, Spec, CompiledSpec)):
             raise TypeError(f"spec must be a path, a bundled spec name, a Spec or a CompiledSpec, got "
                             f"{type(spec).__name__}")
+        if module is not None:
+            params = list(module.named_parameters())
         user_groups = normalise_groups(params)
         for gi, g in enumerate(user_groups):  # before compiling: a bad option fails fast
             check_group_options({k: g.get(k, lr if k == "lr" else getattr(cfg, k)) for k in GROUP_KEYS},
@@ -101,7 +125,12 @@ class Symo(torch.optim.Optimizer):
         shapes = {n: tuple(p.shape) for n, p in named.items()}
         device = next(iter(named.values())).device
         self.stats_dtype = resolve_stats_dtype(cfg.preconditioner.option("stats_dtype", "auto"), device)
+        inferred = spec is None
+        if spec is None:
+            spec = auto_spec.training_spec(module, example_inputs)
         self.compiled = compile_subset(spec, shapes, sizes, strict)
+        # None when the caller chose the spec; else the line describe() shows for the spec chosen here
+        self.spec_reason: str | None = auto_spec.reason(self.compiled) if inferred else None
         covered = set(self.compiled.param_names)
         missing = sorted(covered - set(named))
         if missing:
@@ -115,6 +144,10 @@ class Symo(torch.optim.Optimizer):
                                  f"they differ on {sorted(covered ^ set(specs[1].param_names))}")
         self.kind: Kind = KINDS[cfg.kind][1](cfg)
         self.kind.refuse_unsupported(len(specs))
+        for comp in specs:
+            text = auto_spec.shared_statistic_warning(comp, cfg.kind)
+            if text is not None:
+                warnings.warn(text, UserWarning, stacklevel=2)
         self.plan: list[Stage] = build_stages(
             specs, lambda b, k: self.kind.backend_for(b, k, device, self.stats_dtype))
 
@@ -147,8 +180,13 @@ class Symo(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     def describe(self) -> str:
-        """Which parameters Symo preconditions (with their blocks) and which go to AdamW."""
-        return report.describe(self)
+        """Which parameters Symo preconditions (with their blocks) and which go to AdamW; for a spec the
+        optimizer chose itself (`Symo(model)`), which one and why, on the second line."""
+        text = report.describe(self)
+        if self.spec_reason is None:
+            return text
+        first, _, rest = text.partition("\n")
+        return "\n".join([first, fit_lines(["  " + self.spec_reason]), rest])
 
     def memory_report(self) -> dict[str, int]:
         """State numbers this optimizer keeps, against AdamW and Shampoo (see symo.optim.report)."""

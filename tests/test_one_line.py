@@ -1,0 +1,197 @@
+"""`symo.Symo(model, preset=...)`: the one-line start picks the spec that trains best, says so, and a spec
+whose blocks share one small statistic across thousands of coordinates warns at construction.
+
+The model is a small transformer written here (token and position embeddings, two pre-LayerNorm blocks of
+`nn.MultiheadAttention` and a GELU MLP, a linear head), trained on next-token prediction of a noisy
+recurrence: x_t = (x_{t-1} + 3 x_{t-2}) mod 16, replaced by a uniform token with probability 0.1 (loss floor
+0.565 nats on the predicted positions).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import symo
+from symo.optim import auto_spec
+from symo.train import models
+
+VOCAB, T, D, HEADS, LAYERS = 16, 16, 32, 2, 2
+STEPS, BATCH = 300, 32
+ADAMW_GRID = (3e-3, 1e-2, 3e-2)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(D)
+        self.attn = nn.MultiheadAttention(D, HEADS, batch_first=True)
+        self.ln2 = nn.LayerNorm(D)
+        self.fc = nn.Linear(D, 4 * D)
+        self.proj = nn.Linear(4 * D, D)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.pos = nn.Parameter(0.02 * torch.randn(T, D))
+        self.blocks = nn.ModuleList([Block() for _ in range(LAYERS)])
+        self.ln = nn.LayerNorm(D)
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        x = self.emb(idx) + self.pos[:t]
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.ln(x))
+
+
+def sequences(n: int, gen: torch.Generator, noise: float = 0.1) -> torch.Tensor:
+    x = torch.empty(n, T + 1, dtype=torch.long)
+    x[:, :2] = torch.randint(0, VOCAB, (n, 2), generator=gen)
+    for t in range(2, T + 1):
+        rule = (x[:, t - 1] + 3 * x[:, t - 2]) % VOCAB
+        uniform = torch.randint(0, VOCAB, (n,), generator=gen)
+        x[:, t] = torch.where(torch.rand(n, generator=gen) < noise, uniform, rule)
+    return x
+
+
+def next_token_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    logits = model(x[:, :-1])  # positions 1.. are predictable from the two tokens before them
+    return F.cross_entropy(logits[:, 1:].reshape(-1, VOCAB), x[:, 2:].reshape(-1))
+
+
+def train(make_opt) -> float:
+    """Validation loss after STEPS steps; the same initialization and batches for every optimizer."""
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    opt = make_opt(model)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        loss = next_token_loss(model, sequences(BATCH, gen))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        return next_token_loss(model, sequences(512, torch.Generator().manual_seed(2))).item()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_one_line_trains_as_well_as_tuned_adamw() -> None:
+    adamw = {lr: train(lambda m, lr=lr: torch.optim.AdamW(m.parameters(), lr=lr)) for lr in ADAMW_GRID}
+    best = min(adamw, key=adamw.get)
+    assert best not in (ADAMW_GRID[0], ADAMW_GRID[-1]), f"AdamW's best rate is on the grid's edge: {adamw}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the spec it picks shares no small statistic: no warning
+        symo_loss = train(lambda m: symo.Symo(m, preset="muon"))
+    assert symo_loss <= 1.1 * adamw[best], (
+        f"Symo(model, preset='muon') at the preset's lr: val {symo_loss:.4f}; AdamW {adamw} (best {adamw[best]:.4f}, "
+        f"x{symo_loss / adamw[best]:.3f})")
+
+
+def test_the_true_symmetry_spec_warns_naming_block_and_space() -> None:
+    model = TinyTransformer()
+    spec = symo.infer_spec(model)  # the true group: a residual-stream permutation 'res'
+    with pytest.warns(UserWarning, match=r"block L\d+ 'std\(res\) x std\(fc\d\)': Y 1x2x4096.*"
+                                         r"ratio width/mult = 2,048.*space that causes it: 'res' \(perm"):
+        symo.Symo(model, spec, preset="muon")
+    with pytest.warns(UserWarning, match=r"To train, pass the module itself, symo\.Symo\(model, \.\.\.\).*"
+                                         r"symo infer --relax muon"):
+        symo.Symo(model.named_parameters(), spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        symo.Symo(model, spec, preset="eigen_adam")  # a second moment per entry: not a normalised gradient
+        symo.Symo(model, symo.infer_spec(model, relax="muon"), preset="muon")
+
+
+@pytest.mark.parametrize("make", [models.gpt_small, models.gpt_bench])
+def test_bundled_gpt_specs_do_not_warn(make) -> None:
+    model = make()
+    d_head = model.config.n_embd // model.config.n_head
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        symo.Symo(model, "gpt_muon", preset="muon")
+        symo.Symo(model, "gpt_true", sizes={"dqk{i}": d_head, "dvo{i}": d_head})
+        symo.Symo(model, preset="muon")
+    with pytest.warns(UserWarning, match=r"'res' \(perm, size"):  # its inferred true group does
+        symo.Symo(model, symo.infer_spec(model))
+
+
+def test_bundled_muon_spec_does_not_warn_and_a_narrow_matrix_does() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        symo.Symo(models.mlp_tanh(), "muon")
+    narrow = nn.Sequential(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 2048), nn.Tanh(), nn.Linear(2048, 3))
+    names = [n for n, _ in narrow.named_parameters()]
+    assert names[2] == "2.weight"
+    with pytest.warns(UserWarning, match=r"1 block share.*Y 1x2x2048.*hold all of the entries of 1 parameter "
+                                         r"\(2\.weight\).*Its space: '[^']+' \(signed_perm, size 2048.*"
+                                         r"leave it out of the spec"):
+        symo.Symo(narrow, preset="muon")  # Muon on a 2048 x 2 matrix: its 2 x 2 statistic, as Muon's own
+
+
+def test_describe_names_the_chosen_spec_and_why() -> None:
+    model = TinyTransformer()
+    opt = symo.Symo(model, preset="muon")
+    text = opt.describe()
+    second = text.splitlines()[1]
+    assert "'TinyTransformer (inferred, Muon relaxation)'" in text.splitlines()[0]
+    assert second.strip().startswith("spec: the Muon-style relaxation inferred from the model")
+    assert "trains best in our measurements" in text and "pass spec=... to choose" in text
+    assert opt.spec_reason == auto_spec.REASON
+    assert {g["lr"] for g in opt.param_groups if g["kind"] == "symo"} == {symo.PRESETS["muon"].lr}
+    assert opt.assignment["blocks.0.attn.in_proj_weight"] == "symo" and opt.assignment["emb.weight"] == "adamw"
+    given = symo.Symo(model, symo.infer_spec(model, relax="muon"), preset="muon")
+    assert given.spec_reason is None and "spec: the Muon-style" not in given.describe()
+
+
+def test_a_spec_is_needed_without_a_module_and_inputs_only_without_a_spec() -> None:
+    model = TinyTransformer()
+    with pytest.raises(TypeError, match=r"spec is missing.*pass the nn.Module itself"):
+        symo.Symo(model.named_parameters())
+    with pytest.raises(TypeError, match=r"example_inputs= is for inferring"):
+        symo.Symo(model, "gpt_muon", example_inputs=torch.zeros(1, 4, dtype=torch.long))
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    assert symo.Symo(model, example_inputs=ids).compiled.param_names  # given inputs: the same spec
+
+    class TwoInputs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            return self.c(torch.tanh(self.b(torch.tanh(self.a(x))))) * scale
+
+    with pytest.raises(RuntimeError, match=r"could not infer a spec from TwoInputs.*Pass example_inputs="):
+        symo.Symo(TwoInputs())
+    opt = symo.Symo(TwoInputs(), example_inputs=(torch.randn(2, 4), torch.ones(1)))
+    assert opt.assignment["b.weight"] == "symo" and opt.assignment["a.weight"] == "adamw"
+
+
+def test_infer_report_says_which_spec_serves_what() -> None:
+    model = TinyTransformer()
+    true_text = symo.infer.infer(model).report().splitlines()
+    muon_text = symo.infer.infer(model, relax="muon").report().splitlines()
+    assert true_text[1].startswith("use: the curvature and alignment tools")
+    assert "For training use the Muon-style relaxation" in " ".join(true_text[1:5])
+    assert muon_text[1].startswith("use: training. This is the Muon-style relaxation")
+    assert symo.infer.training_spec(model) == symo.infer_spec(model, relax="muon")
