@@ -130,7 +130,7 @@ def test_tiny_negative_eigenvalues_map_to_zero_not_nan():
     evals = torch.tensor([1.0, 0.5, 0.1, 1e-3, 0.0, -1e-17, -3e-17, 0.0], dtype=torch.float64)
     a = (q * evals) @ q.T
     for backend in ("eigh", "newton_schulz"):
-        out = stored_power(a, -0.5, backend, "test block", damping=0.0, absolute=False)
+        out = stored_power(a, power=-0.5, backend=backend, where="test block", damping=0.0, absolute=False)
         assert torch.isfinite(out).all()
         got = torch.linalg.eigvalsh(q.T @ out @ q)
         want = torch.tensor([1.0, 0.5 ** -0.5, 0.1 ** -0.5, 1e-3 ** -0.5, 0, 0, 0, 0], dtype=torch.float64)

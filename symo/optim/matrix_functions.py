@@ -29,7 +29,7 @@ from ..runtime.linalg import (
 from .plan import BlockPlan
 
 
-def current_statistic_apply(y: torch.Tensor, ys: torch.Tensor, c: BlockPlan, nso, power: float, damping: float,
+def current_statistic_apply(y: torch.Tensor, ys: torch.Tensor, c: BlockPlan, *, nso, power: float, damping: float,
                             absolute: bool, stats_dtype: torch.dtype) -> tuple[torch.Tensor, float]:
     """S^{power} Y with S this step's statistic alone (`ys`: its coordinates, maybe Y itself), as (Z, factor):
     the result is factor * Z (sqrt(d) polar(Y) on the Newton–Schulz path, where the caller folds sqrt(d) into
@@ -48,7 +48,8 @@ def current_statistic_apply(y: torch.Tensor, ys: torch.Tensor, c: BlockPlan, nso
     ys, y64 = ys.to(stats_dtype), y.to(stats_dtype)
     if ys.shape[-2] <= ys.shape[-1]:
         a = ys @ ys.transpose(-1, -2) / c.dim
-        z = stored_power(a, power, c.backend, c.where, damping, absolute, nso.ns_inverse_steps) @ y64
+        z = stored_power(a, power=power, backend=c.backend, where=c.where, damping=damping, absolute=absolute,
+                         ns_inverse_steps=nso.ns_inverse_steps) @ y64
     else:
         z = lowrank_power_apply(ys / math.sqrt(c.dim), y64, power, damping, absolute=absolute)
     return z.to(y.dtype), 1.0
@@ -88,7 +89,7 @@ def ns_method(shape: tuple[int, ...] | torch.Size, device: torch.device, nso) ->
     return "spectral" if cheap else "iterate"
 
 
-def stored_power(a: torch.Tensor, power: float, backend: str, where: str, damping: float, absolute: bool,
+def stored_power(a: torch.Tensor, *, power: float, backend: str, where: str, damping: float, absolute: bool,
                  ns_inverse_steps: int = 25) -> torch.Tensor:
     """A^power of a stored statistic by the block's backend, never diverging.
 

@@ -60,7 +60,8 @@ class Polar(Kind):
         absolute = o.damping_mode == "absolute"
 
         def one(y: torch.Tensor, s: torch.Tensor, b: BlockStep) -> torch.Tensor:
-            z, extra = current_statistic_apply(y, s, b.plan, o, o.power, o.damping, absolute, ctx.stats_dtype)
+            z, extra = current_statistic_apply(y, s, b.plan, nso=o, power=o.power, damping=o.damping,
+                                               absolute=absolute, stats_dtype=ctx.stats_dtype)
             return finish(z, b.plan, cfg.update_scale, cfg.adamw_rms,
                           update_scale_factor(b.plan, cfg.update_scale, o.power, True) * extra)
 

@@ -110,8 +110,8 @@ class Root(Kind):
             where = group[0].plan.where if len(group) == 1 else f"{len(group)} blocks ({group[0].plan.where}, ...)"
             backend = "eigh" if o.backend == "eigh" else backend
             powers = batched(lambda a, backend=backend, where=where: stored_power(
-                a, power, backend, where, o.damping, absolute, o.ns_inverse_steps),
-                [b.scratch["average"] for b in group])
+                a, power=power, backend=backend, where=where, damping=o.damping, absolute=absolute,
+                ns_inverse_steps=o.ns_inverse_steps), [b.scratch["average"] for b in group])
             for b, p in zip(group, powers):
                 b.state["precond"] = p
         self.changes.refreshed(stage)

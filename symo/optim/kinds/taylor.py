@@ -40,7 +40,8 @@ class Taylor(Root):
             if b.plan.mult > o.max_precond_dim:  # above the size cap: the diagonal of S_g, as root does
                 b.state["precond"] = diagonal_power(average, o.power, o.damping, absolute)
             elif b.plan.trivial:
-                b.state["precond"] = stored_power(average, o.power, "eigh", b.plan.where, o.damping, absolute)
+                b.state["precond"] = stored_power(average, power=o.power, backend="eigh", where=b.plan.where,
+                                                       damping=o.damping, absolute=absolute)
             else:
                 w = b.weight().to(average.dtype)
                 b.state["precond"] = taylor_power(average, w @ w.transpose(-1, -2) / b.plan.dim, o.power,

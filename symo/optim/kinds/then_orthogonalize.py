@@ -120,7 +120,8 @@ class ThenOrthogonalize(Kind):
         for b, res in zip(blocks, out):
             p = res["u"]
             p = p * (b.scratch["u_norm"] / p.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-30)).to(p.dtype)
-            z, extra = current_statistic_apply(p, p, b.plan, o, -0.5, 0.0, False, ctx.stats_dtype)
+            z, extra = current_statistic_apply(p, p, b.plan, nso=o, power=-0.5, damping=0.0, absolute=False,
+                                               stats_dtype=ctx.stats_dtype)
             scale = update_scale_factor(b.plan, self.update_scale, -0.5, True) * extra
             final.append({"u": finish(z, b.plan, self.update_scale, cfg.adamw_rms, scale)})
         return final
