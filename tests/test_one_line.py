@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import symo
+from symo.infer.inference import _on_device_of, default_example_inputs
 from symo.optim import auto_spec
 from symo.train import models
 
@@ -51,7 +52,7 @@ class TinyTransformer(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=idx.device), 1)
         x = self.emb(idx) + self.pos[:t]
         for block in self.blocks:
             x = block(x, mask)
@@ -195,3 +196,11 @@ def test_infer_report_says_which_spec_serves_what() -> None:
     assert "For training use the Muon-style relaxation" in " ".join(true_text[1:5])
     assert muon_text[1].startswith("use: training. This is the Muon-style relaxation")
     assert symo.infer.training_spec(model) == symo.infer_spec(model, relax="muon")
+
+
+def test_guessed_inputs_are_made_on_the_model_device() -> None:
+    """Symo(model) on a model already moved to a GPU traces it with inputs on that device (meta stands in)."""
+    model = TinyTransformer().to("meta")
+    args, kwargs = _on_device_of(model, default_example_inputs(model))
+    assert [a.device.type for a in args] == ["meta"] and not kwargs
+    assert symo.infer.training_spec(model) == symo.infer_spec(TinyTransformer(), relax="muon")

@@ -257,8 +257,26 @@ def training_spec(model: nn.Module, example_inputs: Any = None, *, heads: int | 
     (`infer_spec(model, relax="muon")`, what `symo.Symo(model)` uses). Every hidden weight matrix gets a
     private signed_perm row space; embeddings, the classifier, the first layer and 1-D parameters are left
     uncovered, so the optimizer gives them to AdamW. The true group (`infer_spec(model)`) is the spec for
-    the curvature and alignment tools (docs/infer.md, "Which spec for what")."""
+    the curvature and alignment tools (docs/infer.md, "Which spec for what").
+
+    Guessed inputs (`example_inputs=None`) are made on the device of the model's parameters, so a model
+    already moved to a GPU is traced there."""
+    if example_inputs is None:
+        example_inputs = _on_device_of(model, default_example_inputs(model))
     return infer(model, example_inputs, heads=heads, relax="muon").spec
+
+
+def _on_device_of(model: nn.Module, inputs: tuple[tuple, dict]) -> tuple[tuple, dict]:
+    """(args, kwargs) with every tensor moved to the device of the model's first parameter."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if device.type == "cpu":
+        return inputs
+
+    def move(x: Any) -> Any:
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    args, kwargs = inputs
+    return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
 
 
 def _instance_names(names: dict[int, tuple[str, tuple[str, ...]]]) -> dict[int, str]:
