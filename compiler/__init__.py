@@ -38,7 +38,7 @@ from .templates import TEMPLATES_VERSION, TemplatePlan, find_families
 __all__ = [
     "GROUPS", "BoundSpec", "DiskCache", "GeneratedCode", "GeneratedModule", "IsotypicBlock", "ParamRule",
     "SpaceDecl", "Spec", "SpecError", "SpecShadowWarning", "Structure", "bind", "compile_spec", "default_cache_dir",
-    "curvature_refusal", "derive_structure", "generate", "load_spec", "parse_spec", "shapes_of",
+    "derive_structure", "generate", "load_spec", "parse_spec", "shapes_of",
 ]
 
 
@@ -55,9 +55,6 @@ class GeneratedModule:
     namespace: dict[str, Any]
     bound: BoundSpec
     from_cache: str  # where the source came from: "memory", "disk" or "built"
-    # why the curvature of this group is not compiled (`curvature_refusal`): then there is no source, and
-    # only what reads the bound spec (the group action, checks, alignment) works
-    refused: SpecError | None = None
 
 
 @dataclass
@@ -102,9 +99,6 @@ def compile_spec(spec: Spec, shapes: Any, *, sizes: dict[str, int] | None = None
 def _compile_spec(spec: Spec, shapes: Any, sizes: dict[str, int] | None, cache_dir: str | Path | None,
                   disk_cache: bool, templates: bool, strict: bool = True) -> GeneratedModule:
     bound = bind(spec, shapes_of(shapes), sizes, strict=strict)
-    refused = curvature_refusal(bound)
-    if refused is not None:
-        return GeneratedModule(cache_key(spec, bound), "", None, {}, bound, "built", refused)
     plan = template_plan(bound) if templates else None
     key = cache_key(spec, bound, plan)
     values = bound.sizes
@@ -150,29 +144,6 @@ def _compile_spec(spec: Spec, shapes: Any, sizes: dict[str, int] | None, cache_d
         namespace = entry.namespaces[binding] = _execute(entry.source, path or Path(f"<symo-generated-{key[:12]}>"),
                                                          values)
     return GeneratedModule(key, entry.source, path, namespace, bound, origin)
-
-
-def curvature_refusal(bound: BoundSpec) -> SpecError | None:
-    """Why the commutant of `bound`'s group is not compiled, or None. Per-spaces under a perm or signed_perm
-    owner (heads permuted as wholes, a wreath product) compile where every space occurs at most once per block
-    (compiler.structure); compiler.repeated, which compiles the layouts where a space repeats within one
-    tensor, does not know them. The group action (`CompiledSpec.act`), `symo.check_symmetry`, `symo check`
-    and `symo.align` need no commutant and work with such a spec."""
-    wreath = [sp for sp in bound.spaces.values() if sp.per is not None and bound.spaces[sp.per].group != "identity"]
-    if not wreath or not has_repeated_spaces(bound):
-        return None
-    sp, owner = wreath[0], bound.spaces[wreath[0].per]
-    repeated = next(iter(bound.repeated_spaces))
-    return SpecError(
-        f"space {sp.name!r} is declared per {owner.name!r}, whose group is {owner.group!r} (the owner's indices "
-        f"permuted as wholes, each carrying its own element of {sp.name!r}), and space {repeated!r} occurs twice "
-        "in one tensor: the curvature (orbit averages, the optimizer, symo.hessian) of such a group is not compiled "
-        "for a layout with repeated spaces. The group action, symo.check_symmetry, `symo check` and symo.align "
-        "(weight and activation matching) work with this spec as it is",
-        file=bound.source, key=f"spaces.{sp.decl}.per",
-        hint=f"for the curvature tools declare {owner.decl!r} with group = \"identity\" (each head keeps its "
-             "place and its own element: the subgroup without head permutations), or give the repeated space "
-             "two spaces")
 
 
 def template_plan(bound: BoundSpec) -> TemplatePlan | None:

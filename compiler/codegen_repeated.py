@@ -17,7 +17,7 @@ import sympy
 
 from .emit import STD_HELPER, GeneratedCode, code, from_rows, per_parameter_module, to_rows
 from .repeated import PairPiece, RepeatedComponent
-from .structure import NAT, STD, TRIV, IsotypicBlock, Structure
+from .structure import IND, NAT, STD, TRIV, IsotypicBlock, Structure
 
 HELPERS = '''
 def _end(x, p):
@@ -185,7 +185,7 @@ class PairMaps:
                 expr = f"({expr}.sum(dim={pos}) * ({code(1 / sympy.sqrt(n))}))"
             elif piece == STD:
                 expr = f"_std({expr}, {pos})"
-            elif piece != NAT:
+            elif piece not in (NAT, IND):
                 raise AssertionError(piece)
         return to_rows(expr, (c.batch_shape, c.mult_shape, _frame_axes(c)), (ib.batch, c.rows, ib.width))
 
@@ -221,7 +221,7 @@ def _frame_axes(c: RepeatedComponent) -> tuple:
     for slot, n in zip(c.slots, c.slot_sizes):
         if isinstance(slot.piece, PairPiece):
             outs += [n] * slot.piece.out_ndim
-        elif slot.piece in (STD, NAT):
+        elif slot.piece in (STD, NAT, IND):
             outs.append(n)
     return tuple(outs)
 

@@ -45,7 +45,7 @@ from sympy.polys.matrices import DomainMatrix
 
 from .bound import BoundSpec
 from .diagrams import N, Partition, diagrams, gram_matrix
-from .structure import NAT, STD, TRIV, IsotypicBlock, Structure, running_offsets, single_pieces, symbol
+from .structure import IND, NAT, STD, TRIV, IsotypicBlock, Structure, running_offsets, single_pieces, symbol
 
 REPEATED_VERSION = "2"
 
@@ -90,6 +90,7 @@ def irrep_dim(group: str, irrep: str, n: sympy.Expr) -> sympy.Expr:
         ("signed_perm", NAT): n, ("signed_perm", DIAG): n - 1, ("signed_perm", SYM): n * (n - 1) / 2,
         ("signed_perm", ALT): n * (n - 1) / 2,
         ("orthogonal", NAT): n, ("orthogonal", SYM): n * (n + 1) / 2 - 1, ("orthogonal", ALT): n * (n - 1) / 2,
+        ("perm", IND): n, ("signed_perm", IND): n,  # the owner's factor of an induced piece (structure.IND)
     }
     if irrep in (ALT, SYM, DIAG):
         # derived, not looked up: the trace of the piece's projector in the diagram algebra
@@ -313,6 +314,18 @@ class RepeatedComponent:
     rows: sympy.Expr
 
 
+def _induced(slots: tuple[Slot, ...], owned: dict[int, list[int]], options: list) -> tuple[Slot, ...] | None:
+    """`slots` with every owner whose per-spaces include a non-trivial piece set to IND, or None for the
+    duplicates that choice makes (the owner's other pieces, which IND replaces)."""
+    out = list(slots)
+    for i, js in owned.items():
+        if any(slots[j].irrep != TRIV for j in js):
+            if slots[i] != options[i][0]:
+                return None
+            out[i] = Slot(slots[i].space, slots[i].atoms, IND, IND)
+    return tuple(out)
+
+
 def derive_repeated(bound: BoundSpec) -> Structure:
     """Components of every block, grouped by label, with every size a sympy expression."""
     spaces = bound.spaces
@@ -335,9 +348,19 @@ def derive_repeated(bound: BoundSpec) -> Structure:
                 else:
                     options.append([Slot(s, tuple(moved[s]), p, p.irrep)
                                     for p in pair_pieces(sp.group, nsym[s], sp.size)])
+            # a perm / signed_perm owner with its per-spaces in the block (each once: compiler.bind) takes the
+            # induced piece where one of them is non-trivial, as in compiler.structure.block_pieces
+            owned = {i: [j for j, t in enumerate(order) if spaces[t].per == s] for i, s in enumerate(order)}
+            owned = {i: js for i, js in owned.items() if js}
             for slots in itertools.product(*options):
+                if owned:
+                    slots = _induced(slots, owned, options)
+                    if slots is None:
+                        continue
                 label = tuple((sl.space, sl.irrep) for sl in slots if sl.irrep != TRIV)
-                batch_spaces = tuple(sorted({spaces[s].per for s, _ in label if spaces[s].per}, key=rank.__getitem__))
+                batch_spaces = tuple(sorted({spaces[s].per for s, _ in label
+                                             if spaces[s].per and spaces[spaces[s].per].group == "identity"},
+                                            key=rank.__getitem__))
                 groups.setdefault((label, batch_spaces), []).append((param.name, block, slots))
 
     blocks = []

@@ -29,15 +29,16 @@ D, HEADS, D_HEAD, MLP = 8, 3, 2, 6
 class Attention(nn.Module):
     """One pre-norm-free transformer block: causal multi-head attention (q, k, v, o projections) and a ReLU
     MLP, each on a residual. `k_major`: the key projection stores its rows d_head-major, (d_head head), where
-    the others store (head d_head)."""
+    the others store (head d_head); `mix`: a hidden-to-hidden layer `r` inside the MLP (its space repeats)."""
 
     def __init__(self, d: int = D, heads: int = HEADS, d_head: int = D_HEAD, mlp: int = MLP,
-                 k_major: bool = False) -> None:
+                 k_major: bool = False, mix: bool = False) -> None:
         super().__init__()
         self.heads, self.d_head, self.k_major = heads, d_head, k_major
         self.q, self.k, self.v = (nn.Linear(d, heads * d_head) for _ in range(3))
         self.o = nn.Linear(heads * d_head, d)
         self.fc1, self.fc2 = nn.Linear(d, mlp), nn.Linear(mlp, d)
+        self.r = nn.Linear(mlp, mlp, bias=False) if mix else None  # hidden -> hidden: the MLP space twice
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -49,7 +50,8 @@ class Attention(nn.Module):
         k = k.view(b, t, self.d_head, self.heads).transpose(2, 3).transpose(1, 2) if self.k_major else split(k)
         y = F.scaled_dot_product_attention(split(self.q(x)), k, split(self.v(x)), is_causal=True)
         x = x + self.o(y.transpose(1, 2).reshape(b, t, -1))
-        return x + self.fc2(torch.relu(self.fc1(x)))
+        h = torch.relu(self.fc1(x))
+        return x + self.fc2(h if self.r is None else torch.relu(self.r(h)))
 
 
 def spec_text(owner: str = "perm", k_rows: str = "(head dqk)", o_cols: str = "(head dvo)") -> str:
@@ -249,28 +251,37 @@ dqk = { group = "orthogonal", per = "head" }
 '''
 
 
-def test_orbit_average_of_heads_permuted_with_their_rotations_against_enumeration() -> None:
+REPEATED_HEAD = '"m" = ["head", "head"]\n'  # a head-to-head matrix: the owner twice (compiler.repeated)
+
+
+@pytest.mark.parametrize("repeated", [False, True], ids=["single", "head twice"])
+def test_orbit_average_of_heads_permuted_with_their_rotations_against_enumeration(repeated: bool) -> None:
     """S_3 wreath O(2): q, k rows (head dqk) and a per-head gain g (the owner alone: its trivial and standard
-    pieces). The compiled S equals the average over every element (O(2) by its stand-in B_2), and commutes with
-    Haar elements."""
+    pieces); `repeated` adds m (head x head), moved as P m P^T, which compiles through compiler.repeated. The
+    compiled S equals the average over every element (O(2) by its stand-in B_2), and commutes with Haar
+    elements."""
     n, k, d = 3, 2, 3
-    shapes = {"q": (n * k, d), "k": (n * k, d), "g": (n,)}
-    compiled = symo.compile(symo.parse_spec(CURVATURE_A), shapes, sizes={"head": n})
-    assert {b.name for b in compiled.blocks} == {"ind(head) x nat(dqk)", "std(head)", "trivial"}
+    shapes = {"q": (n * k, d), "k": (n * k, d), "g": (n,)} | ({"m": (n, n)} if repeated else {})
+    text = CURVATURE_A + (REPEATED_HEAD if repeated else "")
+    compiled = symo.compile(symo.parse_spec(text), shapes, sizes={"head": n})
+    assert {b.name for b in compiled.blocks} == ({"ind(head) x nat(dqk)", "std(head)", "trivial"}
+                                                 | ({"alt(head)"} if repeated else set()))
     gen = torch.Generator().manual_seed(0)
     grads = {name: torch.randn(shape, dtype=torch.float64, generator=gen) for name, shape in shapes.items()}
     rotations = [matrix(*e) for e in signed_perms(k)]
     vectors = []
     for pi in itertools.permutations(range(n)):
+        idx = list(pi)
         for rs in itertools.product(rotations, repeat=n):
             r = torch.stack(rs)
-            q, kk = (torch.einsum("hij,hjd->hid", r, grads[x].view(n, k, d)[list(pi)]) for x in ("q", "k"))
-            vectors.append(torch.cat([q.reshape(-1), kk.reshape(-1), grads["g"][list(pi)]]))
+            q, kk = (torch.einsum("hij,hjd->hid", r, grads[x].view(n, k, d)[idx]) for x in ("q", "k"))
+            mixed = [grads["m"][idx][:, idx].reshape(-1)] if repeated else []
+            vectors.append(torch.cat([q.reshape(-1), kk.reshape(-1), grads["g"][idx], *mixed]))
     expected = brute_orbit_average(vectors)
     got = compiled.orbit_average(grads).dense()
     torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-10)
     # the per-head blocks pooled: not the statistic with heads kept in place (identity owner)
-    kept_spec = symo.parse_spec(CURVATURE_A.replace('head = { group = "perm" }', 'head = { group = "identity" }'))
+    kept_spec = symo.parse_spec(text.replace('head = { group = "perm" }', 'head = { group = "identity" }'))
     kept = symo.compile(kept_spec, shapes, sizes={"head": n})
     assert float((kept.orbit_average(grads).dense() - expected).abs().max()) > 1e-3
     _assert_commutes_with_haar(compiled, got, shapes)
@@ -290,14 +301,19 @@ dvo = { group = "perm", per = "head" }
 '''
 
 
-def test_orbit_average_of_signed_heads_with_rotations_and_unit_permutations_against_enumeration() -> None:
+@pytest.mark.parametrize("repeated", [False, True], ids=["single", "head twice"])
+def test_orbit_average_of_signed_heads_with_rotations_and_unit_permutations_against_enumeration(
+        repeated: bool) -> None:
     """A signed_perm owner of 2 heads, an O(2) per head on q, k and a per-head permutation of 3 value units on
     v's rows and o's columns (its trivial piece meets the owner's own piece, as g does; its standard piece is
-    induced over the heads)."""
+    induced over the heads); `repeated` adds m (head x head), moved as (S P) m (S P)^T."""
     n, k, m, d = 2, 2, 3, 3
     shapes = {"q": (n * k, d), "k": (n * k, d), "v": (n * m, d), "o": (d, n * m), "g": (n,)}
-    compiled = symo.compile(symo.parse_spec(CURVATURE_B), shapes, sizes={"head": n})
-    assert {b.name for b in compiled.blocks} == {"ind(head) x nat(dqk)", "ind(head) x std(dvo)", "nat(head)"}
+    shapes |= {"m": (n, n)} if repeated else {}
+    compiled = symo.compile(symo.parse_spec(CURVATURE_B + (REPEATED_HEAD if repeated else "")), shapes,
+                            sizes={"head": n})
+    assert {b.name for b in compiled.blocks} == ({"ind(head) x nat(dqk)", "ind(head) x std(dvo)", "nat(head)"} | (
+        {"trivial", "diag(head)", "sym(head)", "alt(head)"} if repeated else set()))
     gen = torch.Generator().manual_seed(1)
     grads = {name: torch.randn(shape, dtype=torch.float64, generator=gen) for name, shape in shapes.items()}
     rotations = [matrix(*e) for e in signed_perms(k)]
@@ -316,8 +332,9 @@ def test_orbit_average_of_signed_heads_with_rotations_and_unit_permutations_agai
                     p = torch.stack(ps) * s.view(n, 1, 1)
                     v = torch.einsum("hij,hjd->hid", p, v0[idx])
                     o = torch.einsum("hej,hij->hei", o0[idx], p)  # columns moved by P: o P^T
+                    mixed = [(s[:, None] * s[None, :] * grads["m"][idx][:, idx]).reshape(-1)] if repeated else []
                     vectors.append(torch.cat([q.reshape(-1), kk.reshape(-1), v.reshape(-1),
-                                              o.transpose(0, 1).reshape(-1), s * grads["g"][idx]]))
+                                              o.transpose(0, 1).reshape(-1), s * grads["g"][idx], *mixed]))
     assert len(vectors) == math.factorial(n) * 2 ** n * 8 ** n * 6 ** n
     expected = brute_orbit_average(vectors)
     got = compiled.orbit_average(grads).dense()
@@ -388,37 +405,33 @@ def test_the_optimizer_steps_with_heads_permuted_and_stays_equivariant() -> None
         assert report.first_step_defect < 1e-14, (preset, report.divergence)
 
 
-# ---------------------------------------------------------------------------------------------- the refusal
+# ---------------------------------------------------------------------------------------------- a repeated space
 REPEATED = spec_text() + '"r.weight"   = ["mlp", "mlp"]\n'
 
 
-def test_with_a_repeated_space_the_curvature_is_refused_but_the_action_and_alignment_work(tmp_path) -> None:
-    path = tmp_path / "heads.toml"
-    path.write_text(REPEATED)
-    model = attention(0)
-    model.r = nn.Linear(MLP, MLP, bias=False).double()
-    compiled = symo.compile(path, model)  # compiling succeeds: the group action needs no commutant
-    assert "curvature not compiled" in repr(compiled)
-    moved = compiled.act(compiled.random_element(torch.Generator().manual_seed(0)), weights(model))
-    assert float((moved["r.weight"] - model.r.weight.detach()).abs().max()) > 0
-    grads = {n: torch.randn_like(p) for n, p in model.named_parameters()}
-    with pytest.raises(symo.SpecError) as info:
-        compiled.orbit_average(grads)
-    message = str(info.value)
-    assert str(path) in message and "key 'spaces.dqk.per'" in message
-    assert "'dqk'" in message and "'head'" in message and "'perm'" in message and "'mlp'" in message
-    assert "symo.check_symmetry" in message and "symo.align" in message and "`symo check`" in message
-    assert 'how to fix: for the curvature tools declare \'head\' with group = "identity"' in message
-    with pytest.raises(symo.SpecError, match="not compiled for a layout with repeated spaces"):
-        symo.Symo(model.named_parameters(), compiled)
-    with pytest.raises(symo.SpecError, match="not compiled"):
-        compiled.describe()
-    other, _ = moved_copy(attention(0), seed=3)
-    other.r = copy.deepcopy(model.r)
-    result = symo.align(model, other, path, example_inputs=(inputs(),), check=False)
+def test_with_a_repeated_space_the_whole_toolchain_works() -> None:
+    """The MLP space twice in r (compiler.repeated compiles the whole spec): the group is still a true symmetry,
+    the curvature has the pooled head blocks and the optimizer is equivariant, and align recovers a moved copy."""
+    model, x = attention(0, mix=True), inputs()
+    compiled = symo.compile(symo.parse_spec(REPEATED), model)
+    assert "repeated spaces" in compiled.source
+    names = {b.name for b in compiled.blocks}
+    assert {"ind(head) x nat(dqk)", "ind(head) x nat(dvo)"} <= names and "alt(mlp)" in names
+    assert symo.check_symmetry(output_loss(model, x), compiled, weights(model), trials=4).is_true_symmetry
+
+    def loss(m: nn.Module) -> torch.Tensor:
+        return m(x).pow(2).mean()
+
+    report = symo.check_equivariance(lambda ps: symo.Symo(ps, compiled, lr=1e-3, preset="notebook"), model,
+                                     compiled, loss, steps=2)
+    assert report.is_equivariant and report.first_step_defect < 1e-14, report.divergence
+    element = compiled.random_element(torch.Generator().manual_seed(3))
+    other = copy.deepcopy(model)
+    moved = compiled.act(element, weights(model))
+    with torch.no_grad():
+        for n, p in other.named_parameters():
+            p.copy_(moved[n])
+    result = symo.align(model, other, symo.parse_spec(REPEATED), example_inputs=(x,))
+    assert not result.relaxed
     torch.testing.assert_close(result.model.q.weight, model.q.weight, atol=1e-6, rtol=0)
-    # heads kept in place (the hint's fix): the curvature compiles
-    kept = symo.compile(symo.parse_spec(REPEATED.replace('head = { group = "perm" }',
-                                                         'head = { group = "identity" }')), model)
-    assert kept.orbit_average(grads).dense().shape[0] == sum(p.numel() for n, p in model.named_parameters()
-                                                             if n in kept.shapes)
+    torch.testing.assert_close(result.model.r.weight, model.r.weight, atol=1e-6, rtol=0)

@@ -53,7 +53,6 @@ class CompiledSpec:
 
     def __init__(self, module: GeneratedModule) -> None:
         ns, bound = module.namespace, module.bound
-        self.refused = module.refused  # a SpecError: the curvature of this group is not compiled (see `blocks`)
         self.key = module.key  # the generated source's key: spec + layout, shared by every width
         self.sizes: dict[str, int] = bound.sizes  # what this instance bound the source's symbols to
         self.source = module.source
@@ -66,30 +65,15 @@ class CompiledSpec:
         self.uncovered: dict[str, tuple[int, ...]] = {n: tuple(s) for n, s in bound.uncovered}
         self.spaces: dict[str, dict] = {s: {"group": sp.group, "size": sp.size, "per": sp.per}
                                         for s, sp in bound.spaces.items()}
-        self._blocks: list[BlockInfo] = [
+        self.blocks: list[BlockInfo] = [
             BlockInfo(b["id"], b["name"], b["batch"], b["mult"], b["width"], b["dim"], b["dim_expr"],
                       tuple(dict.fromkeys(r["param"] for r in b["rows"])))
-            for b in ns.get("BLOCKS", ())]
+            for b in ns["BLOCKS"]]
+        self.block_ids = [b.id for b in self.blocks]
         self._bound = bound
-        self._gather = ns.get("gather")
-        self._scatter = ns.get("scatter")
-        self._block_ids = [b.id for b in self._blocks]
-        self._trivial = [b.id for b in self._blocks if b.name == "trivial"]
-
-    @property
-    def blocks(self) -> list[BlockInfo]:
-        """The isotypic blocks. Raises the compiler's SpecError where the curvature of the spec's group is not
-        compiled (`compiler.curvature_refusal`): the optimizer, orbit averages and symo.hessian stop there,
-        while `act`, `random_element`, symo.check_symmetry and symo.align need no blocks."""
-        if self.refused is not None:
-            raise self.refused
-        return self._blocks
-
-    @property
-    def block_ids(self) -> list[str]:
-        if self.refused is not None:
-            raise self.refused
-        return self._block_ids
+        self._gather = ns["gather"]
+        self._scatter = ns["scatter"]
+        self._trivial = [b.id for b in self.blocks if b.name == "trivial"]
 
     @functools.cached_property
     def couplings(self) -> list[tuple[list[str], list[str]]]:
@@ -111,8 +95,6 @@ class CompiledSpec:
     # ------------------------------------------------------------ coordinates
     def gather(self, tensors: Tensors) -> dict[str, torch.Tensor]:
         """{param: tensor} -> {block id: Y (batch, mult, width)}: the isotypic coordinates."""
-        if self.refused is not None:
-            raise self.refused
         if not isinstance(tensors, Mapping):
             raise TypeError(f"expected a dict {{parameter name: tensor}}, got {type(tensors).__name__}")
         missing = [n for n in self.param_names if n not in tensors]
@@ -130,8 +112,6 @@ class CompiledSpec:
 
     def scatter(self, ys: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The transpose of `gather`: block coordinates -> {param: tensor}."""
-        if self.refused is not None:
-            raise self.refused
         return self._scatter(ys)
 
     # ------------------------------------------------------------ estimators
@@ -163,8 +143,6 @@ class CompiledSpec:
 
     def zeros(self) -> Curvature:
         """The zero element (no stored factors): the start of an EMA."""
-        if self.refused is not None:
-            raise self.refused
         return Curvature(self)
 
     # ------------------------------------------------------------ the group
@@ -238,8 +216,7 @@ class CompiledSpec:
                                  and self.param_names == other.param_names)
 
     def __repr__(self) -> str:
-        blocks = "curvature not compiled" if self.refused is not None else f"blocks={len(self._blocks)}"
-        return f"CompiledSpec({self.name!r}, params={len(self.param_names)}, {blocks})"
+        return f"CompiledSpec({self.name!r}, params={len(self.param_names)}, blocks={len(self.blocks)})"
 
 
 def check_finite_tensors(tensors: Tensors, names: list[str]) -> None:
