@@ -119,7 +119,7 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
                                                           lr=0.02, update_scale="muon"),
         "Symo per-head, per-layer code": lambda m: Symo(m.named_parameters(), _per_layer("gpt.toml", m), lr=1e-3),
     }
-    # the presets: muon (the iteration, as Muon runs it) and paper (an EMA of the block statistics and
+    # the presets: muon (the iteration, as Muon runs it) and notebook (an EMA of the block statistics and
     # an exact power every step), the latter with float64 statistics (the default) and with float32:
     # what keeping the statistics and their eigh in float64 costs
     makers["Symo preset=muon (gpt_muon.toml)"] = lambda m: Symo(m.named_parameters(), ROOT / "specs" / "gpt_muon.toml",

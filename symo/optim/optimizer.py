@@ -67,7 +67,7 @@ class Symo(torch.optim.Optimizer):
         config: a `SymoConfig`; keyword `overrides` (flat option names, feature configs such as
             `momentum=MomentumConfig(...)`, or `preconditioner=` a kind name or its config) replace its values.
         preset: a name of `symo.PRESETS` ("published", "notebook", "muon", "shampoo", "eigen_adam",
-            "then_orthogonalize"; "paper" = "published"): start from that configuration instead of the
+            "then_orthogonalize", "soap", "soap_heavyball"): start from that configuration instead of the
             SymoConfig defaults; keyword `overrides` replace its values. Not with `config`.
         sizes: space sizes the shapes cannot decide (as in `symo.compile`).
         strict: False lets the spec cover more parameters than are given (fine-tuning a subset, frozen
