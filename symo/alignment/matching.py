@@ -361,6 +361,7 @@ def solve_heads(owner_group: str, c0: torch.Tensor, cross: Mapping[str, tuple[st
     per-head elements R_t: a linear assignment of head pairs (a signed_perm owner also picks each pair's sign),
     then each pair's elements. `cross`: t -> (t's group, C_t (n, n, m, m)), float64. Returns P (n, n), the R_t
     (n, m, m) and the maximum."""
+    c0, cross = c0.cpu(), {t: (group, c.cpu()) for t, (group, c) in cross.items()}
     signs = (1.0, -1.0) if owner_group == "signed_perm" else (1.0,)
     scores = torch.stack([sign * c0 + sum(best_values(group, sign * c) for group, c in cross.values())
                           for sign in signs])
@@ -400,7 +401,7 @@ def head_pair_terms(compiled: CompiledSpec, element: Tensors, s: str, owned: lis
             r, y = ref[name], moved[name]
             for axis, (start, length) in enumerate(block["slices"]):
                 r, y = r.narrow(axis, start, length), y.narrow(axis, start, length)
-            r, y = r.reshape(sizes).double(), y.reshape(sizes).double()
+            r, y = r.reshape(sizes).double().cpu(), y.reshape(sizes).double().cpu()
             j = atoms.index(s)
             if not here:
                 c0 += torch.movedim(r, j, 0).reshape(n, -1) @ torch.movedim(y, j, 0).reshape(n, -1).T
