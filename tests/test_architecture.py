@@ -6,7 +6,8 @@
 - no module inside the package imports the package root `symo` (the root is the façade, not a room);
 - no registration by import side effect: a module's top level holds imports, definitions and
   assignments only (the root's lazy attributes are the one listed exception);
-- `import symo` loads neither sympy nor networkx (nor torch).
+- `import symo` loads neither sympy nor networkx (nor torch);
+- no module loads a higher room by name (importlib), except the one listed reach (`UPWARD_BY_NAME`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,33 @@ def test_imports_go_only_to_lower_rooms(module: str) -> None:
         elif there[0] != home[0] and there[1] >= home[1]:
             bad.append(f"line {line}: {home[0]} (room {home[1]}) imports {target} ({there[0]}, room {there[1]})")
     assert not bad, f"{MODULES[module].relative_to(REPO)}: " + "; ".join(bad)
+
+
+# The one reach into a higher room, by name and at call time: `Symo(model)` without a spec asks spec inference
+# (room 3) for the Muon-style relaxation of the model (docs/architecture.md, "The dependency rules").
+UPWARD_BY_NAME = {("symo.optim.auto_spec", "symo.infer")}
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m != "symo"])
+def test_no_module_loads_a_higher_room_by_name_but_the_listed_one(module: str) -> None:
+    home = room_of(module)
+    bad = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("symo."):
+            there = room_of(node.value)
+            if (there is not None and there[0] != home[0] and there[1] > home[1]
+                    and (module, node.value) not in UPWARD_BY_NAME and is_import_call(node, MODULES[module])):
+                bad.append(f"line {node.lineno}: loads {node.value} ({there[0]}, room {there[1]}) by name")
+    assert not bad, f"{MODULES[module].relative_to(REPO)}: " + "; ".join(bad)
+
+
+def is_import_call(constant: ast.Constant, path: Path) -> bool:
+    """Whether the string is the argument of importlib.import_module or __import__ in that file."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and constant in node.args:
+            name = ast.unparse(node.func)
+            return name.endswith("import_module") or name == "__import__"
+    return False
 
 
 @pytest.mark.parametrize("module", [m for m in MODULES if m != "symo"])  # the façade imports lazily by design
