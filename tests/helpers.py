@@ -5,7 +5,8 @@ import from here, never from one another).
 - `polar`, `ref_power`: dense float64 references of the polar factor and of the matrix power rule;
 - `oracle_S`: the orbit average of tests/oracles.py (exhaustive enumeration, or Haar's exact moments
   where an orthogonal space repeats within a parameter);
-- `assignment`, `assert_covers`, `assert_all_true`, `independent_check`: checks of inferred specs.
+- `assignment`, `assert_covers`, `assert_all_true`, `independent_check`: checks of inferred specs;
+- `inverse_element`: g^-1 space by space, heads permuted as wholes included.
 """
 
 from __future__ import annotations
@@ -131,3 +132,15 @@ def independent_check(model, spec, inputs):
         return (out.double() ** 2).sum()
 
     return symo.check_symmetry(loss, compiled, params, trials=2)
+
+
+def inverse_element(compiled, g: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """g^-1 as CompiledSpec.act's element matrices. A space inverts by its transpose, except a per-space whose owner
+    moves (heads permuted as wholes, docs/specs.md Example 4): g puts head pi(i) in slot i rotated by R_i, so slot j
+    of g^-1 takes head sigma(j) = pi^-1(j) back with R_sigma(j)^T, not R_j^T."""
+    out = {s: m.transpose(-1, -2) for s, m in g.items()}
+    for s, info in compiled.spaces.items():
+        owner = info["per"]
+        if s in g and owner in g:
+            out[s] = torch.einsum("jk,kba->jab", out[owner][0].abs(), g[s])
+    return out

@@ -76,7 +76,9 @@ def test_gpt_covers_the_per_head_hand_spec():
     result = infer(model)
     assert_all_true(result)
     rename, bound = assert_covers(load_spec("gpt"), result.spec, model, hand_sizes={"dqk{i}": 8, "dvo{i}": 8},
-                                  same_group=["head0", "dqk0", "dvo0", "head1", "dqk1", "dvo1"])
+                                  same_group=["dqk0", "dvo0", "dqk1", "dvo1"])
+    # the hand spec keeps heads in place (identity owners): inferred, they are permuted as wholes (a larger group)
+    assert [bound.spaces[next(iter(rename[h]))].group for h in ("head0", "head1")] == ["perm", "perm"]
     # the hand spec's MLP space is a relaxed signed_perm (GELU is not odd): the inferred one is the true perm
     assert bound.spaces[next(iter(rename["mlp0"]))].group == "perm"
     # beyond the hand spec: the residual stream is one perm space shared by every block (LayerNorm)
@@ -105,8 +107,10 @@ def test_hugging_face_gpt2_conv1d_layout():
     result = infer(model)
     assert_all_true(result)
     hand = parse_spec(HF_GPT2_SPEC)
-    assert_covers(hand, result.spec, model, same_group=[f"{s}{i}" for s in ("head", "dqk", "dvo", "mlp")
-                                                          for i in (0, 1)] + ["res"])
+    rename, bound = assert_covers(hand, result.spec, model, same_group=[f"{s}{i}" for s in ("dqk", "dvo", "mlp")
+                                                                        for i in (0, 1)] + ["res"])
+    # the hand spec keeps heads in place; inferred, they are permuted as wholes
+    assert {bound.spaces[next(iter(rename[h]))].group for h in ("head0", "head1")} == {"perm"}
     assert result.covered_params == result.total_params
     muon = infer(model, relax="muon").spec.to_toml()
     assert '"transformer.h.{i}.attn.c_attn.weight" = ["_", ' in muon  # Conv1D rows are the second axis

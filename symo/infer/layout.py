@@ -32,6 +32,7 @@ class Space:
     per: int | None = None
     params: list[str] = field(default_factory=list)
     synthetic: bool = False  # an identity factor standing for a fixed axis inside a product
+    pinned: str | None = None  # a head axis that meets a fixed tensor: why its heads stay in their slots
 
 
 @dataclass
@@ -142,6 +143,14 @@ def build_layout(tr: TraceResult, shapes: dict[str, tuple[int, ...]], heads: int
                 items = []
                 for leaf in seg:
                     r = g.find(leaf)
+                    if r in pinned and len(seg) > 1 and "head" in roles.get(r, ()):
+                        # heads tied to their slots (ALiBi slopes, a per-head fixed mask): the head axis stays,
+                        # as an identity owner of its per-head groups, rather than a fixed factor
+                        items.append(r)
+                        if r not in layout.spaces:
+                            why = "; ".join(pinned[r]) or "the head axis meets the inputs"
+                            layout.spaces[r] = Space(r, g.size[r], "identity", why, roles.get(r, set()), pinned=why)
+                        continue
                     if r in pinned:
                         if pinned[r]:
                             breaking.setdefault(r, pinned[r])
@@ -210,7 +219,10 @@ def _repeated_spaces(layout: Layout) -> None:
 
 def _owners(layout: Layout, heads: int | None) -> None:
     """Per-head groups: in a product (head d), d gets one group element per head when every block
-    holding d also holds the head axis; the head axis becomes an identity owner."""
+    holding d also holds the head axis. The head axis becomes their owner: `perm` (heads permuted as wholes,
+    each carrying its own per-head elements: docs/specs.md, Example 4), or `identity` where a fixed tensor
+    varies along the heads (ALiBi slopes, a per-head mask) and ties each head to its slot. A pinned head
+    axis that owns nothing is left free, with its reason reported."""
     candidates: dict[int, set[int]] = {}
     for axes in layout.axes.values():
         for axis in axes:
@@ -228,8 +240,14 @@ def _owners(layout: Layout, heads: int | None) -> None:
                  if d in [y for seg in block for y in seg])
         if ok and d in layout.spaces and h in layout.spaces:
             layout.spaces[d].per = h
-            layout.spaces[h].group = "identity"
-            layout.spaces[h].why = "owner of per-head groups"
+            owner = layout.spaces[h]
+            if owner.pinned is not None:
+                owner.group, owner.why = "identity", f"owner of per-head groups; heads stay in place: {owner.pinned}"
+            else:
+                owner.group, owner.why = "perm", "owner of per-head groups: heads permuted as wholes"
+    owners = {s.per for s in layout.spaces.values() if s.per is not None}
+    for sid in [s.id for s in layout.spaces.values() if s.pinned is not None and s.id not in owners]:
+        layout.drop(sid, layout.spaces[sid].pinned)
     if heads:  # attention axes that the graph did not split into heads: split them now
         for sid, space in list(layout.spaces.items()):
             if space.per is not None or not ({"qk", "vo"} & space.roles) or space.size % heads:

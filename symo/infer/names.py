@@ -36,7 +36,8 @@ def name_spaces(layout: Layout) -> dict[int, tuple[str, tuple[str, ...]]]:
         params = sorted(s.params, key=order.index)
         idx = {_indices(p) for p in params}
         info[sid] = (params, idx.pop() if len(idx) == 1 else ())
-    res = [sid for sid, s in layout.spaces.items() if "res" in s.roles and s.group != "identity"]
+    owners = {s.per for s in layout.spaces.values() if s.per is not None}
+    res = [sid for sid, s in layout.spaces.items() if "res" in s.roles and s.group != "identity" and sid not in owners]
 
     def candidates(sid: int) -> list[str]:
         s = layout.spaces[sid]
@@ -46,7 +47,7 @@ def name_spaces(layout: Layout) -> dict[int, tuple[str, tuple[str, ...]]]:
             parts = ["h" + "_".join(_indices(params[0]))] if params and _indices(params[0]) else ["h"]
         if s.synthetic:
             role = "fixed"
-        elif s.group == "identity" and "head" in s.roles:
+        elif "head" in s.roles and (s.group == "identity" or sid in owners):
             role = "head"
         elif "qk" in s.roles and s.per is not None:
             role = "dqk"

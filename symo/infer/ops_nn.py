@@ -131,7 +131,26 @@ def _sdpa(tr: Tracer, name, args, kwargs, out):
     tr.consume(v, atoms=[V[-1]]) if tr.parity(v) != LIN else None
     if isinstance(mask, torch.Tensor) and tr.rec(mask) is not None and not tr.rec(mask).data:
         raise NotImplementedError  # a learned attention bias: not analysed
+    if isinstance(mask, torch.Tensor):
+        _pin_heads_by_mask(tr, Q[:-2], mask, mask.dim() - q.dim())
     tr._set(out, Q[:-1] + [V[-1]], LIN)
+
+
+HEADS_TIED = "a fixed attention mask or bias differs between heads (e.g. ALiBi slopes), so each head keeps its slot"
+
+
+def _pin_heads_by_mask(tr: Tracer, lead: list[int], mask: torch.Tensor, shift: int) -> None:
+    """A fixed mask (or additive bias) that differs along a leading axis of the queries (the heads) ties
+    that axis to its slots: it is pinned, and the heads stay in place (their per-head groups are kept).
+    `shift` is where the mask's axes sit against the queries' (mask axis = query axis + shift); a mask
+    equal along an axis (broadcast, or the same values repeated) leaves that axis alone."""
+    for i, atom in enumerate(lead):
+        j = i + shift
+        if j < 0 or mask.shape[j] == 1:
+            continue
+        first = mask.narrow(j, 0, 1)
+        if not torch.equal(mask, first.expand_as(mask)):
+            tr.g.pin(atom, HEADS_TIED)
 
 
 def _embedding(tr: Tracer, name, args, kwargs, out):
@@ -300,6 +319,11 @@ def _mha(tr: Tracer, name, args, kwargs, out):
         g.unify(tr.atoms(b_out)[0], oa[0])
     _note_out(tr, w_in, 0)
     _note_out(tr, w_out, 0)
+    mask = _arg(args, kwargs, 16, "attn_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 3 and mask.shape[0] % heads == 0:
+        # (batch * heads, L, S): one mask per head; seen as (batch, heads, L, S), the heads are axis 1
+        per_head = mask.reshape(mask.shape[0] // heads, heads, *mask.shape[1:])
+        _pin_heads_by_mask(tr, [g.new(per_head.shape[0], pinned=True), h], per_head, 0)
     res = out[0] if isinstance(out, (tuple, list)) else out
     tr._set(res, tr.atoms(q)[:-1] + [oa[0]], LIN)
     if isinstance(out, (tuple, list)) and len(out) > 1 and isinstance(out[1], torch.Tensor):
