@@ -30,6 +30,7 @@ import torch
 
 from ...runtime.compiled import BlockInfo
 from ..checks import raise_first
+from ..divergence import DivergenceWatch
 from .base import (
     BlockStep,
     Kind,
@@ -103,6 +104,7 @@ class Published(Kind):
     def __init__(self, config, options=None) -> None:
         super().__init__(config, options)
         self.changes = RefreshOnChange()
+        self.watch = DivergenceWatch(self.name)  # warns once when the weights grow 10x within 10 steps
 
     def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:
         m = statistic_shape(block, self.options.max_precond_dim)
@@ -124,6 +126,8 @@ class Published(Kind):
             stat = self.second_moment(b, delta)
             ema = st.get("ema", torch.zeros_like(stat))
             st["ema"] = ema.mul(o.beta2).add(stat, alpha=1 - o.beta2)
+        if blocks and blocks[0].weight is not None:
+            self.watch.weights(max(b.state["step"] for b in blocks), {b.plan.id: b.weight() for b in blocks})
 
     def second_moment(self, b: BlockStep, x: torch.Tensor) -> torch.Tensor:
         """X X^T / d, or its diagonal above the size cap."""
@@ -172,4 +176,5 @@ class Published(Kind):
             diagonal = b.plan.mult > self.options.max_precond_dim
             z = ((precond * y.to(precond.dtype)) if diagonal else (precond @ y.to(precond.dtype))).to(y.dtype)
             out.append({"u": finish(z, b.plan, cfg.update_scale, cfg.adamw_rms, 1.0)})
+        self.watch.updates({b.plan.id: o["u"] for b, o in zip(blocks, out)})
         return out
