@@ -9,6 +9,8 @@ ALiBi, that the head permutation the inference refuses really changes the loss."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -204,3 +206,18 @@ def test_gpt_small_has_four_permutable_head_owners() -> None:
     assert owners(result) == {f"head{i}": "perm" for i in range(4)}, result.report()
     assert result.joint_rel_change is not None and result.joint_rel_change <= result.tolerance
     assert '"head{i}" = { group = "perm" }' in result.spec.to_toml()
+
+
+def test_the_compile_report_names_and_explains_the_pooled_head_piece() -> None:
+    """`symo compile` of an inferred spec: the head blocks are printed ind(head) x nat(d), their columns stay
+    aligned, every line fits in 120 columns, and the legend says what `ind` is and where it is explained."""
+    model = tiny_gpt()
+    text = symo.compile(infer(model, gpt_inputs()).spec, model, disk_cache=False).describe()
+    assert max(len(line) for line in text.splitlines()) <= 120
+    rows = [line for line in text.splitlines() if "ind(head0) x nat(dqk0)" in line]
+    assert len(rows) == 2 and len({line.index("  transformer") for line in rows}) == 1  # std(res) x ... too
+    legend = " ".join(line.strip() for line in text.split("terms: ")[1].splitlines()[:4])
+    assert "nat / std / ind" in legend and "ind(head) x nat(d) = heads permuted as wholes" in legend
+    assert "docs/specs.md, Example 4" in legend
+    specs_md = (Path(__file__).resolve().parents[1] / "docs" / "specs.md").read_text()
+    assert "ind(head0) x nat(dqk0)" in specs_md  # where the legend sends the reader

@@ -12,8 +12,10 @@ from .text import REPORT_WIDTH, compact_names, fit_lines, summarize_names
 if TYPE_CHECKING:
     from .compiled import CompiledSpec
 
-TERMS_NOTE = ("terms: label = the block's irreducible pieces nat / std (triv pieces are omitted), batch = heads, "
-              "mult x width = the shape of Y, dim = the irrep dimension d; see docs/theory.md")
+TERMS_NOTE = ("terms: label = the block's irreducible pieces nat / std / ind (triv pieces are omitted); "
+              "ind(head) x nat(d) = heads permuted as wholes (the piece of a perm or signed_perm head owner: one "
+              "statistic for all heads, the per-head statistics averaged over them; docs/specs.md, Example 4); "
+              "batch = heads, mult x width = the shape of Y, dim = the irrep dimension d; see docs/theory.md")
 
 
 def memory(spec: CompiledSpec) -> dict[str, int]:
@@ -34,7 +36,7 @@ def describe(spec: CompiledSpec) -> str:
     lines fit in `REPORT_WIDTH` columns. Its terms are explained in docs/theory.md."""
     lines = [f"spec {spec.name!r}: {len(spec.param_names)} covered parameters, {len(spec.uncovered)} uncovered; "
              f"{len(spec.blocks)} isotypic blocks", f"  file: {spec.spec_file}"]
-    label_width = min(max([len(b.name) for b in spec.blocks] + [5]), 30)
+    label_width = min(max([len(b.name) for b in spec.blocks] + [5]), 40)  # std(res) x ind(head11) x nat(dqk11)
     lines.append(f"  {'block':<5} {'label':<{label_width}} {'batch':>5} {'mult':>6} {'width':>6} {'dim':>7}  "
                  "parameters")
     for b in spec.blocks:
