@@ -221,3 +221,14 @@ def test_the_compile_report_names_and_explains_the_pooled_head_piece() -> None:
     assert "docs/specs.md, Example 4" in legend
     specs_md = (Path(__file__).resolve().parents[1] / "docs" / "specs.md").read_text()
     assert "ind(head0) x nat(dqk0)" in specs_md  # where the legend sends the reader
+
+
+def test_the_written_spec_names_the_exact_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`symo infer -o`: the header is the command that wrote the file, --relax muon included (before, only --model)."""
+    out = tmp_path / "my spec.toml"
+    assert symo.cli.main(["infer", "--model", "symo.train.models:mlp_tanh", "--relax", "muon", "--each",
+                          "-o", str(out)]) == 0
+    capsys.readouterr()
+    first = out.read_text().splitlines()[0]
+    assert first == f"# inferred by: symo infer --model symo.train.models:mlp_tanh --relax muon --each -o '{out}'"
+    assert symo.parse_spec(out.read_text()).spaces  # the header is a comment: the file still reads back

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from ..runtime.compiled import compile
 from ..runtime.text import fit_lines
 from .common import _load_factory, _parse_shapes, _parse_sizes
 
-__all__ = ["check_command", "compile_command", "infer_command", "params_command"]
+__all__ = ["check_command", "compile_command", "infer_command", "infer_command_line", "params_command"]
 
 
 def compile_command(args: argparse.Namespace) -> int:
@@ -120,6 +121,24 @@ def check_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def infer_command_line(args: argparse.Namespace) -> str:
+    """The `symo infer` command that `args` came from, every option that changes the spec or the report in it,
+    so the header of a written spec says how to make it again."""
+
+    words = ["symo", "infer", "--model", args.model]
+    if args.heads is not None:
+        words += ["--heads", str(args.heads)]
+    if args.relax:
+        words += ["--relax", args.relax]
+    if args.no_verify:
+        words.append("--no-verify")
+    if args.each:
+        words.append("--each")
+    if args.output:
+        words += ["-o", args.output]
+    return shlex.join(words)
+
+
 def infer_command(args: argparse.Namespace) -> int:
     """`symo infer --model m:f [-o spec.toml]`: the spec, the verification report and the compile report."""
 
@@ -127,7 +146,7 @@ def infer_command(args: argparse.Namespace) -> int:
     result = infer(model, heads=args.heads, relax=args.relax, verify=not args.no_verify, each=args.each)
     report = result.report()
     print(report)
-    text = result.spec.to_toml(header=f"inferred by: symo infer --model {args.model}\n" + report)
+    text = result.spec.to_toml(header=f"inferred by: {infer_command_line(args)}\n" + report)
     if args.output:
         path = Path(args.output)
         tmp = path.with_name(path.name + ".tmp")
