@@ -29,9 +29,9 @@ def test_batched_step_equals_per_block_step(spec: str, backend: str, monkeypatch
         model = copy.deepcopy(base)
         opt = Symo(model.named_parameters(), spec, lr=0.02, backend=backend, batch_blocks=batched)
 
-        def counting(*args, _batched=batched):
+        def counting(*args, _batched=batched, **kwargs):
             calls[_batched] += 1
-            return original(*args)
+            return original(*args, **kwargs)
 
         monkeypatch.setattr(polar, "current_statistic_apply", counting)
         train(model, opt, steps=1)
@@ -74,7 +74,7 @@ def test_auto_batching_stacks_on_accelerators_only(monkeypatch) -> None:
     model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=17, block_size=16))
     calls = []
     original = polar.current_statistic_apply
-    monkeypatch.setattr(polar, "current_statistic_apply", lambda y, *a: calls.append(y.shape[0]) or original(y, *a))
+    monkeypatch.setattr(polar, "current_statistic_apply", lambda y, *a, **k: calls.append(y.shape[0]) or original(y, *a, **k))
     opt = Symo(model.named_parameters(), "gpt_muon", lr=0.02)
     assert opt.config.batch_blocks == "auto"
     train(model, opt, steps=1)
