@@ -51,8 +51,8 @@ def type_problem(hint: object, value: object) -> str | None:
         if value is None and type(None) in args:
             return None
         plain = [a for a in args if a is not type(None)]
-        if not all(a in (bool, int, float, str) or typing.get_origin(a) is typing.Literal for a in plain):
-            return None
+        if not all(a in (int, float, str) for a in plain):
+            return None  # a union of classes, flags or choices: the config's own check words it
         problems = [type_problem(a, value) for a in plain]
         return None if None in problems else " or ".join(p for p in problems if p)
     return None
