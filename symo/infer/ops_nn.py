@@ -146,7 +146,7 @@ def _pin_heads_by_mask(tr: Tracer, lead: list[int], mask: torch.Tensor, shift: i
     equal along an axis (broadcast, or the same values repeated) leaves that axis alone."""
     for i, atom in enumerate(lead):
         j = i + shift
-        if j < 0 or mask.shape[j] == 1:
+        if j < 0 or mask.shape[j] == 1 or tr.g.is_pinned(atom):  # the batch axis is the inputs': pinned already
             continue
         first = mask.narrow(j, 0, 1)
         if not torch.equal(mask, first.expand_as(mask)):
