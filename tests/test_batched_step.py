@@ -74,7 +74,8 @@ def test_auto_batching_stacks_on_accelerators_only(monkeypatch) -> None:
     model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=17, block_size=16))
     calls = []
     original = polar.current_statistic_apply
-    monkeypatch.setattr(polar, "current_statistic_apply", lambda y, *a, **k: calls.append(y.shape[0]) or original(y, *a, **k))
+    monkeypatch.setattr(polar, "current_statistic_apply",
+                        lambda y, *a, **k: calls.append(y.shape[0]) or original(y, *a, **k))
     opt = Symo(model.named_parameters(), "gpt_muon", lr=0.02)
     assert opt.config.batch_blocks == "auto"
     train(model, opt, steps=1)
