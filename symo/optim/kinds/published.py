@@ -8,7 +8,9 @@ momentum). Per step, with m the momentum (m <- beta1 m + (1 - beta1) g) and t th
     w    <- w - lr H_inv m                                                 (the momentum as it is, not debiased)
 
 P(X, p) = U diag((d s_max + s)^p) U^T for X = U diag(+-s) U^T: every power damped by d times its own
-matrix's largest |eigenvalue|, a zero raised to a negative power is 0, eigendecompositions in float64.
+matrix's largest |eigenvalue|, a zero raised to a negative power is 0, eigendecompositions in the statistics'
+dtype (float64 in the preset; `stats_dtype="float32"` halves the step's time, and the damping keeps every
+power's condition number below 1/d, well inside float32's precision).
 H_inv is the inverse of H = S_w^{-1} # S_g, written so that S_w is never inverted: where the weights are
 rank-deficient the step is damped, not blown up.
 
@@ -84,9 +86,14 @@ def damped_power(evals: torch.Tensor, evecs: torch.Tensor | None, p: float, damp
                  ) -> torch.Tensor:
     """U diag((damping s_max + |lambda|)^p) U^T, with a zero to a negative power taken as 0; for a diagonal
     statistic (evecs None, evals (batch, mult, 1)) the diagonal of that."""
-    s = evals.abs() + damping * s_max
-    f = s.pow(p) if p >= 0 else torch.where(s > 0, s.pow(p), torch.zeros_like(s))
+    f = damped(evals, p, damping * s_max)
     return f if evecs is None else (evecs * f.unsqueeze(-2)) @ evecs.transpose(-1, -2)
+
+
+def damped(evals: torch.Tensor, p: float, eps: torch.Tensor) -> torch.Tensor:
+    """(|lambda| + eps)^p elementwise, a zero to a negative power taken as 0."""
+    s = evals.abs() + eps
+    return s.pow(p) if p >= 0 else torch.where(s > 0, s.pow(p), torch.zeros_like(s))
 
 
 def eigen(mats: list[torch.Tensor], diagonal: list[bool]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -94,6 +101,39 @@ def eigen(mats: list[torch.Tensor], diagonal: list[bool]) -> list[tuple[torch.Te
     full = batched(torch.linalg.eigh, [m for m, diag in zip(mats, diagonal) if not diag])
     it = iter(full)
     return [(m, None) if diag else next(it) for m, diag in zip(mats, diagonal)]
+
+
+class HalfPower:
+    """P(S_w, 1/2) = sqrt(eps) I + F diag(c) F^T for S_w = X X^T / dim (X: batch x mult x width), eps = d s_max.
+
+    From the eigendecomposition of the smaller side: S_w = E diag(lam) E^T when width >= mult (F = E,
+    c = sqrt(|lam| + eps) - sqrt(eps)); else the Gram X^T X / dim = V diag(lam) V^T, width x width, whose
+    eigenvalues are S_w's nonzero ones, and F = X V, c = 1 / (dim (sqrt(|lam| + eps) + sqrt(eps))), since
+    F diag(c) F^T = U diag(sqrt(lam + eps) - sqrt(eps)) U^T with U = X V / sqrt(dim lam): the same matrix with
+    no division by a small eigenvalue. Held as a dense matrix where F is nearly square, else applied as the
+    low-rank sum (`mul`), which costs 2 width / mult of a dense product.
+    """
+
+    def __init__(self, x: torch.Tensor, dim: int, evals: torch.Tensor, evecs: torch.Tensor, eps: torch.Tensor
+                 ) -> None:
+        mult, width = x.shape[-2], x.shape[-1]
+        root = eps.sqrt().unsqueeze(-1)  # (batch, 1, 1)
+        if width >= mult:  # S_w itself was decomposed
+            f, c = evecs, damped(evals, 0.5, eps) - eps.sqrt()
+        else:
+            den = (damped(evals, 0.5, eps) + eps.sqrt()) * dim
+            f, c = x @ evecs, torch.where(den > 0, 1 / den, torch.zeros_like(den))
+        self.root, self.f, self.c = root, f, c
+        self.dense = None
+        if 5 * f.shape[-1] >= 3 * mult:  # three low-rank products would cost more than forming it once
+            eye = torch.eye(mult, dtype=x.dtype, device=x.device)
+            self.dense = root * eye + (f * c.unsqueeze(-2)) @ f.transpose(-1, -2)
+
+    def mul(self, b: torch.Tensor) -> torch.Tensor:
+        """P(S_w, 1/2) @ b."""
+        if self.dense is not None:
+            return self.dense @ b
+        return self.root * b + self.f @ (self.c.unsqueeze(-1) * (self.f.transpose(-1, -2) @ b))
 
 
 class Published(Kind):
@@ -139,22 +179,34 @@ class Published(Kind):
         return self.changes.due(stage) or refresh_due(block.state, self.options.precondition_frequency, "precond")
 
     def refresh(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
+        """H_inv = h P(h S_g h, -1/2) h with h = P(S_w, 1/2), in the statistics' dtype (float64 in the preset).
+
+        Two eigendecompositions per block: S_w's through its smaller side (`HalfPower`), and the inner matrix's,
+        each batched over the blocks of one size; H_inv = (h E) diag(f) (h E)^T from the inner E diag(f) E^T."""
         o = self.options
-        d, scope = o.damping, o.damping_scope
+        d, scope, dtype = o.damping, o.damping_scope, ctx.stats_dtype
         diagonal = [b.plan.mult > o.max_precond_dim for b in blocks]
-        sws = [self.second_moment(b, self.centred(b, b.weight().to(ctx.stats_dtype))).to(torch.float64)
-               for b in blocks]
+        xs = [self.centred(b, b.weight().to(dtype)) for b in blocks]
+        grams = [self.second_moment(b, x) if diag or x.shape[-1] >= x.shape[-2]
+                 else x.transpose(-1, -2) @ x / b.plan.dim for b, x, diag in zip(blocks, xs, diagonal)]
         # a diagonal statistic is its own eigendecomposition: eigenvalues the entries, eigenvectors the identity
-        w_eigs = eigen(sws, diagonal)
+        w_eigs = eigen(grams, diagonal)
         w_max = self._s_max([e for e, _ in w_eigs], scope)
-        halves = [damped_power(e, u, 0.5, d, s) for (e, u), s in zip(w_eigs, w_max)]
-        sgs = [b.state["ema"].to(torch.float64) / debias(o.beta2, b.state["step"]) for b in blocks]
-        inners = [h * sg * h if diag else h @ sg @ h for h, sg, diag in zip(halves, sgs, diagonal)]
+        halves: list[HalfPower | torch.Tensor] = [
+            damped_power(e, u, 0.5, d, s) if diag else HalfPower(x, b.plan.dim, e, u, d * s)
+            for b, x, (e, u), s, diag in zip(blocks, xs, w_eigs, w_max, diagonal)]
+        sgs = [b.state["ema"].to(dtype) / debias(o.beta2, b.state["step"]) for b in blocks]
+        inners = [h * sg * h if diag else h.mul(h.mul(sg).transpose(-1, -2))
+                  for h, sg, diag in zip(halves, sgs, diagonal)]
         i_eigs = eigen(inners, diagonal)
         i_max = self._s_max([e for e, _ in i_eigs], scope)
         for b, h, (e, u), s, diag in zip(blocks, halves, i_eigs, i_max, diagonal):
-            inner = damped_power(e, u, -0.5, d, s)
-            b.state["precond"] = (h * inner * h if diag else h @ inner @ h).to(ctx.stats_dtype)
+            if diag:
+                precond = h * damped_power(e, u, -0.5, d, s) * h
+            else:
+                he = h.mul(u)
+                precond = (he * damped(e, -0.5, d * s).unsqueeze(-2)) @ he.transpose(-1, -2)
+            b.state["precond"] = precond.to(ctx.stats_dtype)
         self.changes.refreshed(stage)
 
     @staticmethod
