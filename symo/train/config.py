@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..optim.presets import get_preset  # plain data: symo.optim loads torch only on first use
+from ..optim.presets import PRESETS, get_preset  # plain data: symo.optim loads torch only on first use
 
 OPTIMIZERS = ("symo", "muon", "adamw")
 # Learning rates of the covered (hidden-matrix) parameters; tuned on the comparison benchmark
@@ -36,6 +36,7 @@ class TrainConfig:
     spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
     partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
     preset: str | None = None          # Symo's preset (symo.PRESETS: published, notebook, ...); None: Muon's scale
+    precondition_frequency: int | None = None  # a preset's factor refresh every N steps; None: the preset's own
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
     weight_decay: float = 0.0
@@ -64,10 +65,17 @@ class TrainConfig:
             if self.optimizer != "symo":
                 raise ValueError(f"--preset applies to --optimizer symo, not {self.optimizer!r}")
             try:
-                default_lr = get_preset(self.preset).lr
+                preset = get_preset(self.preset)
             except ValueError as err:
                 raise ValueError(f"--preset: {err}") from None
+            default_lr = preset.lr
+            if self.precondition_frequency is not None and "precondition_frequency" not in preset.values:
+                raise ValueError(f"--precondition-frequency: --preset {self.preset} keeps no factors to refresh (its "
+                                 f"step uses each step's statistic at once); it applies to {REFRESHING}")
         else:
+            if self.precondition_frequency is not None:
+                raise ValueError("--precondition-frequency applies to --optimizer symo with a --preset that refreshes "
+                                 f"its factors ({REFRESHING}); Symo's defaults, Muon and AdamW keep none")
             default_lr = DEFAULT_LR[self.optimizer]
         if self.lr is None:
             self.lr = default_lr
@@ -80,7 +88,9 @@ SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 MAX_LR = 100.0
 # Options that only Symo reads, and the one that only Symo and Muon read: given with another optimizer
 # they would be silently ignored, so they are refused.
-SYMO_ONLY = ("spec", "partial", "preset", "ns_method")
+SYMO_ONLY = ("spec", "partial", "preset", "ns_method", "precondition_frequency")
+# The presets whose preconditioner refreshes stored factors: --precondition-frequency sets how often
+REFRESHING = "--preset " + ", ".join(name for name, p in PRESETS.items() if "precondition_frequency" in p.values)
 
 
 def check_values(options: Mapping[str, Any]) -> None:
@@ -94,7 +104,7 @@ def check_values(options: Mapping[str, Any]) -> None:
     if "optimizer" in options and options["optimizer"] not in OPTIMIZERS:
         raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {options['optimizer']!r}")
     for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "steps", "eval_interval", "eval_batches",
-                 "threads"):
+                 "threads", "precondition_frequency"):
         if options.get(name) is not None and options[name] < 1:
             raise ValueError(f"{flag(name)} must be >= 1, got {options[name]}")
     for name in ("lr", "adamw_lr"):
@@ -124,6 +134,6 @@ def check_given(given: Mapping[str, Any], optimizer: str) -> None:
     if ignored:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
         raise ValueError(f"{flags}: not used by --optimizer {optimizer}, leave {'it' if len(ignored) == 1 else 'them'} "
-                         "out (--spec, --partial, --preset and --ns-method are Symo's options; --adamw-lr is the rate "
-                         "Symo and Muon give embeddings, gains and biases, while AdamW's rate for every parameter is "
-                         "--lr)")
+                         "out (--spec, --partial, --preset, --ns-method and --precondition-frequency are Symo's "
+                         "options; --adamw-lr is the rate Symo and Muon give embeddings, gains and biases, while "
+                         "AdamW's rate for every parameter is --lr)")

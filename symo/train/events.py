@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .config import TrainConfig
+    from .cost import StepCost
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class RunStart:
     resumed: bool
     schedule_steps: int | None = None  # the steps the learning-rate schedule spans; fewer than config.steps
     #                                    in a run extended by a resume with a larger --steps
+    step_cost: StepCost | None = None  # a training step's cost against AdamW's, measured before the first step
+    #                                    when the observer asks (`TrainObserver.wants_step_cost`), in one process
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,10 @@ class TrainObserver:
 
     def started(self, run: RunStart) -> None:
         """Before the first step (after the model, optimizer and checkpoint are loaded)."""
+
+    def wants_step_cost(self) -> bool:
+        """True to have `RunStart.step_cost` measured before `started` (a second or two; symo/train/cost.py)."""
+        return False
 
     def stepped(self, report: StepReport) -> None:
         """After every step, once its log row is recorded (and its checkpoint written, on an evaluation)."""

@@ -33,6 +33,7 @@ from ..optim import Symo
 from ..runtime.compiled import NonFiniteGradientError, compile
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
+from .cost import measure_step_cost
 from .data import Corpus, _mix, load_corpus
 from .events import RunStart, StepReport, TrainInterrupted, TrainObserver
 from .memory import check_step_fits
@@ -69,8 +70,10 @@ def build_optimizer(model: GPT, cfg: TrainConfig, world: int = 1) -> torch.optim
     d_head = cfg.n_embd // cfg.n_head
     sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
     compiled = compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
-    if cfg.preset is not None:  # the preset's options; --ns-method overrides only when set
-        extra = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
+    if cfg.preset is not None:  # the preset's options; --ns-method and --precondition-frequency override when set
+        extra: dict[str, Any] = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
+        if cfg.precondition_frequency is not None:
+            extra["precondition_frequency"] = cfg.precondition_frequency
         return Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
                     adamw_lr=cfg.adamw_lr, distributed_mode=mode, **extra)
     return Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
@@ -102,7 +105,10 @@ def saved_options(run_dir: str | Path) -> dict[str, Any]:
 
 def _settings(cfg: TrainConfig, corpus: Corpus) -> dict[str, Any]:
     values = dataclasses.asdict(cfg) | {"data": corpus.name, "vocab": corpus.chars}
-    return {k: values[k] for k in RESUME_KEYS}
+    settings = {k: values[k] for k in RESUME_KEYS}
+    if cfg.precondition_frequency is not None:  # only when set: checkpoints written before the option still resume
+        settings["precondition_frequency"] = cfg.precondition_frequency
+    return settings
 
 
 def _distributed(device: str) -> tuple[int, int]:
@@ -227,11 +233,15 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
             write_csv(run_dir / "log.csv", history)
 
     lead = rank == 0
+    step_cost = None  # in one process, when the observer shows it and the optimizer is not AdamW itself
+    if world == 1 and observer.wants_step_cost() and (cfg.optimizer != "adamw" or optimizer_factory is not None):
+        step_cost = measure_step_cost(model, optimizer_factory or (lambda m: build_optimizer(m, cfg)), cfg.batch_size,
+                                      cfg.block_size, corpus.vocab_size, device)
     if lead:
         observer.started(RunStart(config=cfg, run_dir=run_dir, world=world,
                                   n_params=sum(p.numel() for p in model.parameters()), data_name=corpus.name,
                                   n_chars=len(corpus.ids), vocab_size=corpus.vocab_size, start_step=start,
-                                  resumed=blob is not None, schedule_steps=schedule_steps))
+                                  resumed=blob is not None, schedule_steps=schedule_steps, step_cost=step_cost))
     step_times: list[float] = []
     elapsed0 = history["elapsed_s"][-1] if history["elapsed_s"] else 0.0
     t_run = time.perf_counter()
