@@ -107,3 +107,11 @@ def test_precondition_frequency_needs_a_refreshing_preset(tmp_path):
     with pytest.raises(ValueError, match="--precondition-frequency: not used by --optimizer adamw"):
         check_given({"precondition_frequency": 10}, "adamw")
     assert cli.main(["train", "--optimizer", "muon", "--precondition-frequency", "2"]) == 2
+
+
+def test_a_resume_keeps_the_refresh_schedule_and_refuses_another(tmp_path, capsys):
+    cfg = tiny(tmp_path, preset="published", precondition_frequency=2, steps=2, eval_interval=1)
+    train(cfg)
+    assert cli.main(["train", "--resume", cfg.out_dir, "--steps", "3", "--no-progress"]) == 0
+    assert cli.main(["train", "--resume", cfg.out_dir, "--steps", "4", "--precondition-frequency", "3"]) == 2
+    assert "--precondition-frequency: checkpoint 2 vs now 3" in capsys.readouterr().err

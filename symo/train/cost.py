@@ -2,11 +2,12 @@
 
 `symo train` shows one line when the chosen optimizer makes a step more than `SHOWN_ABOVE` times as long as
 AdamW's would be on the same model: some presets pay for their curvature (the published step recomputes two
-float64 eigendecompositions per block at every step: 8x AdamW's training step on the default GPT) and the run
-should say so before it spends an hour. The measurement takes a second or two: a copy of the model, one batch of
-random token ids of the run's size, a forward and backward pass, then a few steps of the chosen optimizer and of
-torch's AdamW on those gradients, with the run's threads and device. The run itself is not touched: the copies
-are thrown away and the random state is restored, so a run is the same with or without the measurement.
+float64 eigendecompositions per block at every step: 4x AdamW's training step on the default GPT, one thread)
+and the run should say so before it spends an hour. The measurement takes a second or two: a copy of the model,
+one batch of random token ids of the run's size, a forward and backward pass, then a few steps of the chosen
+optimizer and of torch's AdamW on those gradients, with the run's threads and device. The run itself is not
+touched: the copies are thrown away and the random state is restored, so a run is the same with or without the
+measurement.
 """
 
 from __future__ import annotations
