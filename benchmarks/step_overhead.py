@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _references():
+    if str(ROOT / "tests") not in sys.path:  # references.py takes its shared reference helpers from tests/
+        sys.path.insert(0, str(ROOT / "tests"))
     spec = importlib.util.spec_from_file_location("symo_test_references", ROOT / "tests" / "references.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -297,3 +297,29 @@ def taylor_mean(sg: torch.Tensor, sw: torch.Tensor, damping: float, absolute: bo
         delta = delta * torch.linalg.matrix_norm(sw, ord=2, keepdim=True).clamp_min(lam_floor)
     h = geometric_mean(sym_power(sw + delta * eye, -1.0), sg)
     return (h + h.transpose(-1, -2)) / 2
+
+
+def eigh_basis(average: torch.Tensor, descending: bool) -> torch.Tensor:
+    """The eigenvectors of a batch of symmetric statistics (batch, n, n), by ascending or descending eigenvalue;
+    the decomposition in float64, the result in the statistic's dtype."""
+    _, evecs = torch.linalg.eigh(average.to(torch.float64))
+    return (evecs.flip(-1) if descending else evecs).to(average.dtype)
+
+
+def power_qr_basis(average: torch.Tensor, previous: torch.Tensor, iterations: int = 1, lift: float | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """SOAP's refresh of an eigenbasis (symo.optim.bases.PowerQR): the previous basis's columns sorted by their
+    estimated eigenvalues diag(Q^T A Q), descending (the order is returned, for the state kept per column), then
+    `iterations` times Q <- qr(A Q).Q, the first product shifted by heavyball's lift when `lift` is a number."""
+    q = previous.to(average.dtype)
+    product = average @ q
+    estimate = (q * product).sum(dim=-2)
+    order = torch.argsort(estimate, dim=-1, descending=True)
+    if lift is not None:
+        noise = min(64 * average.shape[-1] * torch.finfo(average.dtype).eps, 0.125)
+        top = estimate.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(average.dtype).tiny)
+        product = product + (max(lift, noise) * top).unsqueeze(-2) * q
+    q = torch.linalg.qr(product.gather(-1, order.unsqueeze(-2).expand_as(product))).Q
+    for _ in range(iterations - 1):
+        q = torch.linalg.qr(average @ q).Q
+    return q, order

@@ -36,7 +36,7 @@ from typing import ClassVar, Literal
 import torch
 
 from ...runtime.compiled import BlockInfo
-from ...runtime.linalg import zero_threshold
+from ...runtime.linalg import eigh_basis, power_qr_basis, zero_threshold
 from ..bases import BasisRefresh, Eigh, PowerQR
 from ..checks import raise_first
 from .base import AdamOptions, AveragedOptions, BlockStep, Kind, StepContext, batched, finish
@@ -97,6 +97,19 @@ class EigenAdamConfig(AveragedOptions, AdamOptions):
              "two_sided=True takes the other side from the same spec; geometric_mean_with= takes it from a second "
              "spec: pass one of them"),
         ])
+
+
+def first_basis(refresh: BasisRefresh, average: torch.Tensor) -> torch.Tensor:
+    """A block's first basis under `refresh`: an eigh, in the column order its later refreshes keep."""
+    return eigh_basis(average, descending=isinstance(refresh, PowerQR))
+
+
+def next_basis(refresh: BasisRefresh, average: torch.Tensor, previous: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The refreshed basis and, where its columns were reordered, their order (batch, n) (None: kept in place)."""
+    if isinstance(refresh, PowerQR):
+        return power_qr_basis(average, previous, iterations=refresh.iterations, lift=refresh.lift)
+    return eigh_basis(average, descending=False), None
 
 
 def drop_null_columns(basis: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
@@ -188,7 +201,7 @@ class EigenAdam(Kind):
         for key, basis_key, axis in SIDES:
             side = [b for b in blocks if key in b.state]
             first = [b for b in side if basis_key not in b.state]
-            for b, q in zip(first, batched(o.refresh.first, [b.state[key] for b in first])):
+            for b, q in zip(first, batched(lambda a: first_basis(o.refresh, a), [b.state[key] for b in first])):
                 b.state[basis_key] = self.kept(q, b.state[key])
             new = {id(b) for b in first}
             again = [b for b in side if id(b) not in new]
@@ -204,7 +217,7 @@ class EigenAdam(Kind):
 
     def refreshed(self, pair: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch of (statistic, previous basis) pairs (batch, 2, n, n) -> (new basis, column order)."""
-        q, order = self.options.refresh.basis(pair[:, 0], pair[:, 1])
+        q, order = next_basis(self.options.refresh, pair[:, 0], pair[:, 1])
         return q, (torch.arange(q.shape[-1], device=q.device).expand(q.shape[:-1]) if order is None else order)
 
     def kept(self, basis: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
