@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+from cases import PER_HEAD
 from helpers import polar, rel
 
 import symo
@@ -225,3 +226,96 @@ def test_soap_muon_with_a_second_spec_is_the_polar_factor_of_soaps_direction():
             assert torch.equal(before, w.detach()) and torch.equal(lib_before, twin.detach())
             continue
         assert rel(before - w.detach(), 0.05 * polar(lib_before - twin.detach())) < 1e-4, t
+
+
+# ------------------------------------------------------------------ more edges (a second seeded sample)
+def test_drop_null_columns_measures_each_batch_element_against_its_own_largest_eigenvalue():
+    """A batch of two full-rank statistics of scales 1 and 1e-20: no direction of either is zero to the
+    statistic's precision (the dense float64 eigh's eigenvalues are all above 8 sqrt(n) eps of their own largest),
+    so every column is kept; one rank-deficient element drops exactly its null columns."""
+    from symo.optim.kinds.eigen_adam import drop_null_columns
+
+    torch.manual_seed(2)
+    q0, _ = torch.linalg.qr(torch.randn(3, 4, 4, dtype=F64))
+    evals = torch.tensor([[4.0, 3.0, 2.0, 1.0], [4e-20, 3e-20, 2e-20, 1e-20], [5.0, 1.0, 0.0, 0.0]], dtype=F64)
+    a = (q0 * evals.unsqueeze(-2)) @ q0.transpose(-1, -2)
+    basis = torch.linalg.eigh(a).eigenvectors
+    dense = torch.linalg.eigvalsh(a)
+    kept = dense > 8 * 2 * torch.finfo(F64).eps * dense.amax(dim=-1, keepdim=True)
+    assert kept.tolist() == [[True] * 4, [True] * 4, [False, False, True, True]]
+    out = drop_null_columns(basis, a)
+    assert torch.equal(out.abs().sum(dim=-2) > 0, kept)
+    assert torch.equal(out[kept.unsqueeze(-2).expand_as(out)], basis[kept.unsqueeze(-2).expand_as(basis)])
+
+
+def test_soap_refreshing_every_step_is_pytorch_optimizers_soap():
+    """precondition_frequency=1: the bases are refreshed after every step from the second on (SOAP's schedule),
+    against pytorch-optimizer's SOAP, 12 float64 steps on the same random gradients (a fixed loss would give the
+    second step the first one's gradient, since the first moves nothing, and its refresh would change nothing)."""
+    pytorch_optimizer = pytest.importorskip("pytorch_optimizer")
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 5, dtype=F64))
+    twin = torch.nn.Parameter(w.detach().clone())
+    start = w.detach().clone()
+    opt = Symo({"w": w}, symo.parse_spec(ROWS), preset="soap", lr=0.01, weight_decay=0.0, precondition_frequency=1,
+               stats_dtype="float64")
+    lib = pytorch_optimizer.SOAP([twin], lr=0.01, weight_decay=0.0, precondition_frequency=1)
+    for t in range(12):
+        g = torch.randn(5, 5, dtype=F64) + 0.1 * t
+        for p, o in ((w, opt), (twin, lib)):
+            p.grad = g.clone()
+            o.step()
+        if t > 0:  # the first step moves neither
+            moved = float((twin.detach() - start).norm())
+            assert float((w.detach() - twin.detach()).norm()) < 1e-5 * moved, t
+
+
+def test_then_orthogonalize_takes_an_inner_kinds_name_for_its_default_config():
+    """inner='root' is PMuon's inner step as documented (S^-0.3 of an EMA 0.95 of the raw gradient's statistic, by
+    eigh, every 10 steps); inner='eigen_adam' is EigenAdamConfig's defaults; another name is refused."""
+    root = ThenOrthogonalizeConfig(inner="root").inner
+    assert isinstance(root, RootConfig)
+    assert (root.statistic, root.precondition_frequency, root.power, root.backend, root.beta2) == (
+        "gradient", 10, -0.3, "eigh", 0.95)
+    assert ThenOrthogonalizeConfig(inner="eigen_adam").inner == EigenAdamConfig()
+    assert ThenOrthogonalizeConfig().inner == root
+    with pytest.raises(ValueError, match="inner must be 'root', 'eigen_adam', a RootConfig or an EigenAdamConfig, "
+                                         "got 'adam'"):
+        ThenOrthogonalizeConfig(inner="adam")
+
+
+def test_power_qr_takes_the_previous_basis_in_the_statistics_dtype():
+    torch.manual_seed(3)
+    a = torch.randn(1, 4, 4, dtype=F64)
+    a = a @ a.transpose(-1, -2)
+    previous = torch.linalg.qr(torch.randn(1, 4, 4)).Q  # float32
+    q, _ = power_qr_basis(a, previous)
+    assert q.dtype == F64
+    assert float((q[0].T @ q[0] - torch.eye(4, dtype=F64)).abs().max()) < 1e-12
+
+
+SPLIT_W = '[spaces]\n"d{i}" = "orthogonal"\n[params]\n"w{i}" = ["d{i}", "_"]\n'
+
+
+@pytest.mark.parametrize("inner", ["root", "eigen_adam"])
+def test_then_orthogonalize_on_a_batched_block_equals_its_heads_as_separate_blocks(inner):
+    """One weight with a per-head O(4) gauge (a block of batch 3) trains exactly like three weights with a gauge
+    each: the rescale to ||u|| and the polar factor are per head (heads of different scales)."""
+    gen = torch.Generator().manual_seed(12)
+    x, y = torch.randn(16, 5, generator=gen, dtype=F64), torch.randn(16, 12, generator=gen, dtype=F64)
+    w0 = torch.randn(12, 5, generator=gen, dtype=F64)
+    w0[:4] *= 10.0
+    joint = torch.nn.Parameter(w0.clone())
+    parts = [torch.nn.Parameter(w0[4 * i:4 * i + 4].clone()) for i in range(3)]
+    options = {"preset": "then_orthogonalize", "inner": inner, "backend": "eigh", "stats_dtype": "float64",
+               "precondition_frequency": 2, "lr": 0.05}
+    opts = [Symo({"w": joint}, symo.parse_spec(PER_HEAD), **options),
+            Symo({f"w{i}": p for i, p in enumerate(parts)}, symo.parse_spec(SPLIT_W), **options)]
+    assert [b.batch for b in opts[0].compiled.blocks] == [3] and len(opts[1].compiled.blocks) == 3
+    for _ in range(4):
+        for o, w in zip(opts, (joint, torch.cat(parts))):
+            o.zero_grad()
+            ((x @ w.T - y) ** 2).mean().backward()
+            o.step()
+    assert rel(torch.cat([p.detach() for p in parts]), joint.detach()) < 1e-10
+    assert rel(joint.detach(), w0) > 1e-3
