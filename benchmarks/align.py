@@ -26,7 +26,7 @@ straight path between them, naive against aligned (symo.align), and the time to 
 
 Trained models are cached in benchmarks/results/align_cache/ (not committed), so a rerun only aligns.
 
-    python -m benchmarks.align              # everything (about 10 minutes on one thread the first time)
+    python -m benchmarks.align              # everything (about 40 minutes on one loaded thread the first time)
     python -m benchmarks.align --quick      # a smoke run: tiny training, two speed points
     python -m benchmarks.align --cases gpt mha   # those cases only; the others keep their committed rows
 """
