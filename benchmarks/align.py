@@ -535,7 +535,7 @@ def plot(results: dict) -> None:
     except ImportError:
         return
     cases = [c for c in ("mnist_mlp", "fashion_rescnn", "gpt", "gpt_adamw", "mha") if c in results]
-    fig, axes = plt.subplots(1, len(cases) + ("gpt2_speed" in results), figsize=(4.2 * (len(cases) + 1), 3.4))
+    fig, axes = plt.subplots(1, len(cases) + ("gpt2_speed" in results), figsize=(4.2 * (len(cases) + 1), 6.0))
     axes = np.atleast_1d(axes)
     for ax, case in zip(axes, cases):
         for method, r in results[case].items():
@@ -545,7 +545,7 @@ def plot(results: dict) -> None:
         ax.set_title(case)
         ax.set_xlabel("alpha (0: A, 1: B aligned)")
         ax.set_ylabel("loss")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: long method names
     if "gpt2_speed" in results:
         rows = list(results["gpt2_speed"].values())
         axes[-1].plot([r["spaces"] for r in rows], [r["align_seconds"] for r in rows], marker="o")
