@@ -144,3 +144,21 @@ def inverse_element(compiled, g: dict[str, torch.Tensor]) -> dict[str, torch.Ten
         if s in g and owner in g:
             out[s] = torch.einsum("jk,kba->jab", out[owner][0].abs(), g[s])
     return out
+
+
+def assert_polar_of_the_librarys_direction(opt, lib, w, twin, target: torch.Tensor, lr: float, steps: int) -> None:
+    """Symo's `opt` on `w` and a library optimizer `lib` (at lr 1) on `twin` get the same gradients of a fixed
+    non-quadratic loss at w: the first step moves neither, and every later update of w is lr polar(N), N the
+    library's update (its own weights do not enter its direction). To 1e-4: the polar factor amplifies the
+    rounding that Adam divides by eps on the first rotated steps."""
+    for t in range(steps):
+        w.grad = None
+        (((w - target) ** 3).sum() + (w @ w.T).square().sum()).backward()
+        twin.grad = w.grad.clone()
+        before, lib_before = w.detach().clone(), twin.detach().clone()
+        opt.step()
+        lib.step()
+        if t == 0:
+            assert torch.equal(before, w.detach()) and torch.equal(lib_before, twin.detach())
+            continue
+        assert rel(before - w.detach(), lr * polar(lib_before - twin.detach())) < 1e-4, t

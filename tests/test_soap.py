@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from helpers import polar, rel
+from helpers import assert_polar_of_the_librarys_direction
 
 import symo
 from symo.optim import Symo
@@ -114,18 +114,7 @@ def test_soap_muon_is_the_polar_factor_of_soaps_direction():
     opt = Symo({"w": w}, spec, preset="then_orthogonalize", inner="eigen_adam", two_sided=True,
                nesterov=False, backend="eigh", stats_dtype="float64", precondition_frequency=3, lr=0.05)
     lib = pytorch_optimizer.SOAP([twin], lr=1.0, weight_decay=0.0, precondition_frequency=3)
-    target = torch.randn(5, 5, dtype=F64)
-    for t in range(12):
-        w.grad = None
-        (((w - target) ** 3).sum() + (w @ w.T).square().sum()).backward()
-        twin.grad = w.grad.clone()  # the same gradients; the library's own weights do not enter its direction
-        before, lib_before = w.detach().clone(), twin.detach().clone()
-        opt.step()
-        lib.step()
-        if t == 0:
-            assert torch.equal(before, w.detach()) and torch.equal(lib_before, twin.detach())
-            continue
-        assert rel(before - w.detach(), 0.05 * polar(lib_before - twin.detach())) < 1e-4, t
+    assert_polar_of_the_librarys_direction(opt, lib, w, twin, torch.randn(5, 5, dtype=F64), lr=0.05, steps=12)
 
 
 def test_the_first_step_builds_the_statistics_and_moves_nothing():
