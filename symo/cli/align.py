@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..alignment import AlignError, AlignWarning, align, interpolate
+from ..alignment import AlignError, AlignWarning, align, barrier, interpolate
 from ..train.checkpoint import FORMAT, save_atomic, save_checkpoint
 from ..train.models import GPT, GPTConfig
 from .common import CommandError, _load_factory, _parse_sizes
@@ -26,11 +26,14 @@ __all__ = ["align_command", "load_model_file", "merge_command"]
 
 
 def align_command(args: argparse.Namespace) -> int:
-    """`symo align A B [--model m:f] [--spec S] [-o OUT]`: B aligned to A, and the per-space report."""
+    """`symo align A B [--model m:f] [--spec S] [--method M] [--data D] [-o OUT]`: B aligned to A, the
+    per-space report, and with targets in --data the loss barrier before and after aligning."""
+    data = _data(args)
     a, b, blob_b = _models(args)
-    result = _align(a, b, args, restarts=args.restarts, max_sweeps=args.max_sweeps)
+    result = _align(a, b, args, data, restarts=args.restarts, max_sweeps=args.max_sweeps)
     print(result.report())
     _warn_unconverged(result)
+    _report_barrier(a, b, result.model, data, args.data)
     out = Path(args.output) if args.output else Path(args.other).with_name(Path(args.other).stem + "_aligned.pt")
     _write(out, result.model.state_dict(), blob_b, {"aligned_to": str(args.reference)})
     print(f"wrote {out}")
@@ -39,12 +42,16 @@ def align_command(args: argparse.Namespace) -> int:
 
 def merge_command(args: argparse.Namespace) -> int:
     """`symo merge A B --alpha 0.5 [--no-align]`: (1 - alpha) A + alpha B, B aligned to A first."""
+    data = _data(args) if args.align or args.data is not None else None
     a, b, blob_b = _models(args)
     if args.align:
-        result = _align(a, b, args, restarts=args.restarts, max_sweeps=args.max_sweeps)
+        result = _align(a, b, args, data, restarts=args.restarts, max_sweeps=args.max_sweeps)
         print(result.report())
         _warn_unconverged(result)
+        _report_barrier(a, b, result.model, data, args.data)
         b = result.model
+    else:
+        _report_barrier(a, b, None, data, args.data)
     merged = interpolate(a, b, args.alpha)
     out = Path(args.output) if args.output else Path(args.other).with_name("merged.pt")
     _write(out, merged.state_dict(), blob_b, {"merged": [str(args.reference), str(args.other)], "alpha": args.alpha,
@@ -53,7 +60,75 @@ def merge_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _align(a: torch.nn.Module, b: torch.nn.Module, args: argparse.Namespace, **options: Any):
+def _data(args: argparse.Namespace) -> tuple[list[Any], bool] | None:
+    """--data read as (batches, has_targets): batches are input tensors, or (inputs, targets) pairs when the
+    file is a dict with "inputs" and "targets". None without --data; --method activations needs it."""
+    if args.data is None:
+        if args.method == "activations":
+            raise CommandError("--method activations needs --data PATH: a .pt file of input batches to match the "
+                               "activations on (or use --method weights)", 2)
+        return None
+    try:
+        blob = torch.load(args.data, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CommandError(f"--data {args.data}: cannot read it as a PyTorch file ({type(exc).__name__}: "
+                           f"{str(exc)[:200]}) (nothing was written)", 2) from None
+    if isinstance(blob, dict) and "inputs" in blob:
+        inputs = _batches(blob["inputs"], args.data, "inputs")
+        if blob.get("targets") is None:
+            return inputs, False
+        targets = _batches(blob["targets"], args.data, "targets")
+        if len(targets) != len(inputs) or any(len(x) != len(y) for x, y in zip(inputs, targets)):
+            raise CommandError(f"--data {args.data}: 'inputs' and 'targets' differ in their batches or batch sizes "
+                               "(nothing was written)", 2)
+        return list(zip(inputs, targets)), True
+    return _batches(blob, args.data, None), False
+
+
+def _batches(value: Any, path: str, key: str | None) -> list[torch.Tensor]:
+    what = f"{path}[{key!r}]" if key else path
+    batches = [value] if isinstance(value, torch.Tensor) else value
+    if not isinstance(batches, (tuple, list)) or not batches or not all(
+            isinstance(t, torch.Tensor) and t.dim() > 0 for t in batches):
+        raise CommandError(f"--data {what}: expected a tensor or a non-empty tuple or list of tensors (one per batch); "
+                           "give a file saved with torch.save(x), torch.save((x1, x2)) or "
+                           "torch.save({'inputs': x, 'targets': y}) (nothing was written)", 2)
+    return list(batches)
+
+
+def _loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy for integer targets (class indices), MSE otherwise."""
+    x, y = batch
+    out = model(x)
+    if not y.is_floating_point() and not y.is_complex() and y.dtype != torch.bool:
+        return torch.nn.functional.cross_entropy(out, y)
+    return torch.nn.functional.mse_loss(out, y.to(out.dtype))
+
+
+def _report_barrier(a: torch.nn.Module, b: torch.nn.Module, aligned: torch.nn.Module | None,
+                    data: tuple[list[Any], bool] | None, path: str | None) -> None:
+    """One line: the loss barrier of A to B as given (naive) and of A to B aligned, on --data's batches."""
+    if data is None:
+        return
+    batches, has_targets = data
+    if not has_targets:
+        print(f"barrier: skipped (--data {path} holds no targets; save a dict {{'inputs': x, 'targets': y}} for "
+              "the loss barrier)")
+        return
+    integer = not batches[0][1].is_floating_point() and batches[0][1].dtype != torch.bool
+    name = "cross-entropy" if integer else "MSE"
+    try:
+        parts = [f"naive {barrier(a, b, _loss, batches).barrier():.4g}"]
+        if aligned is not None:
+            parts.append(f"aligned {barrier(a, aligned, _loss, batches).barrier():.4g}")
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        raise CommandError(f"--data {path}: the {name} loss of the models on it failed ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0][:200]}) (nothing was written)", 2) from None
+    print(f"loss barrier ({name} on --data, 11 points from A to B): {', '.join(parts)}")
+
+
+def _align(a: torch.nn.Module, b: torch.nn.Module, args: argparse.Namespace, data: tuple[list[Any], bool] | None,
+           **options: Any):
     sizes = _parse_sizes(args.size) or None
     inputs = None
     if args.input_shape is not None:
@@ -62,10 +137,16 @@ def _align(a: torch.nn.Module, b: torch.nn.Module, args: argparse.Namespace, **o
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", AlignWarning)
         try:
-            result = align(a, b, args.spec, sizes=sizes, example_inputs=inputs, check=args.check,
-                           progress=args.progress, strict=not args.partial, **options)
+            result = align(a, b, args.spec, method=args.method, data=data[0] if data is not None else None,
+                           sizes=sizes, example_inputs=inputs, check=args.check, progress=args.progress,
+                           strict=not args.partial, **options)
         except AlignError as exc:
             raise CommandError(f"{exc} (nothing was written)", 2) from None
+        except (RuntimeError, ValueError, TypeError) as exc:
+            if args.method != "activations":
+                raise
+            raise CommandError(f"--method activations on --data {args.data} failed ({type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0][:300]}) (nothing was written)", 2) from None
     for w in caught:
         if issubclass(w.category, AlignWarning):
             sys.stdout.flush()

@@ -54,6 +54,13 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _data_file(text: str) -> str:
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file (give a .pt file saved with torch.save: an input "
+                                         "tensor, a tuple of input batches, or a dict with 'inputs' and 'targets')")
+    return text
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("reference", action=_PathArg, help="model A: a symo train checkpoint (ckpt.pt) or a state_dict file")
     p.add_argument("other", action=_PathArg, help="model B, of the same architecture")
@@ -70,6 +77,15 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the model's input, one random float batch of this shape (e.g. 2x1x28x28), for inferring and "
                         "checking the spec (default: model.example_inputs() if it has one, else guessed as symo infer "
                         "does)")
+    p.add_argument("--method", choices=("weights", "activations"), default="weights",
+                   help="weights: match the weights (default, no data needed); activations: match the hidden units' "
+                        "activations on the batches of --data (which it requires)")
+    p.add_argument("--data", type=_data_file, default=None, metavar="PATH",
+                   help="a .pt file (torch.save) of input batches: a tensor (one batch), a tuple or list of tensors "
+                        "(the batches), or a dict {'inputs': ..., 'targets': ...} of matching tensors or lists. Used "
+                        "by --method activations, and for a loss barrier report (naive vs aligned, 11 points) when "
+                        "it holds targets: cross-entropy for integer targets, MSE otherwise; without targets the "
+                        "barrier is skipped with a note")
     p.add_argument("-o", "--output", action=_PathArg, default=None, help="where to write the result")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the symmetry check (by default a space that is not a true symmetry is named in a "
