@@ -16,11 +16,15 @@ straight path between them, naive against aligned (symo.align), and the time to 
    `gpt_adamw`: the same with two AdamW runs, to tell the optimizer's part apart. Diagnostics per case:
    each space's weight cosine before and after, the weight objective each group reaches, how many heads
    the permutation moves, how far training moved the weights from their init, the mean activation
-   correlation of the units weight and activation matching pair.
+   correlation of the units weight and activation matching pair, and why weight matching's heads-permuted
+   row can end above its heads-fixed row (`heads_diagnostics`: the permuted result taken apart into the
+   heads-fixed result and one exact head step per layer, each step's barrier alone, how the weight score
+   ranks activation matching's pairing of heads, and both groups with activation matching's heads or
+   residual permutation and the rest by weights).
 4. `mha`: two small `nn.MultiheadAttention` classifiers (MNIST rows as a 28-token sequence, 2 pre-LayerNorm
    blocks of 4 heads x 16 and a ReLU MLP, mean-pooled linear head; seeds 0 and 1, one epoch of Adam):
    naive, heads fixed, heads permuted (inferred spec, owners identity or perm), by weights and by
-   activations, + REPAIR.
+   activations, + REPAIR; the same heads diagnostics as `gpt`.
 5. `gpt2_speed`: align time at GPT-2 small widths (d_model 768, 12 heads, vocabulary 50304; random
    weights) against the number of layers, hence of spaces.
 
@@ -37,7 +41,9 @@ import argparse
 import copy
 import dataclasses
 import gzip
+import itertools
 import json
+import math
 import platform
 import time
 from pathlib import Path
@@ -49,6 +55,14 @@ from torch import nn
 
 import symo
 from symo.alignment import AlignError, BarrierResult, barrier
+from symo.alignment.matching import (
+    best_values,
+    head_pair_terms,
+    inner_products,
+    moving_per_spaces,
+    solve_heads,
+    weight_matching,
+)
 from symo.train import TrainConfig, train
 from symo.train.data import load_corpus
 from symo.train.data_mnist import load_mnist
@@ -335,6 +349,8 @@ def case_gpt(quick: bool, optimizer: str = "symo") -> tuple[dict, str]:
     w = extra["weights: heads permuted + MLP + residual (inferred)"]
     act = extra["activations: heads permuted (inferred)"]
     corr = {m: matched_correlation(a, b, r, fit, units) for m, r in (("weights", w), ("activations", act))}
+    heads = heads_note(a, b, lm, val, out, extra, "weights: heads fixed + MLP + residual (inferred, identity owners)",
+                       "weights: heads permuted + MLP + residual (inferred)", "activations: heads permuted (inferred)")
     label = {"symo": "Symo defaults (Muon's step, gpt_muon)", "adamw": "AdamW"}[optimizer]
     return out, (f"two `symo train` runs ({steps} steps, batch 16 x 64, {label}, seeds 0 and 1), "
                  f"{sum(p.numel() for p in a.parameters()):,} parameters; validation: 16 batches of 16 x 64; "
@@ -342,7 +358,7 @@ def case_gpt(quick: bool, optimizer: str = "symo") -> tuple[dict, str]:
                  f"Diagnostics: {_cosines(w)}; training moved the weight matrices by "
                  f"{drift(a, inits[0]):.2f} and {drift(b, inits[1]):.2f} of their init's norm; mean activation "
                  f"correlation of the MLP units each method pairs (heads permuted, with the residual): "
-                 f"weights {corr['weights']:.2f}, activations {corr['activations']:.2f}")
+                 f"weights {corr['weights']:.2f}, activations {corr['activations']:.2f}. {heads}")
 
 
 def transformer_rows(a: nn.Module, b: nn.Module, loss_fn, test: list, fit: list, variants: list,
@@ -392,6 +408,134 @@ def summary(out: dict, results: dict) -> str:
             + (" REPAIR not applied: " + "; ".join(skipped) + "." if skipped else ""))
 
 
+def moved_model(model: nn.Module, compiled, elements: dict) -> nn.Module:
+    """A copy of `model` moved by `elements` ({space: (copies, n, n)}) with the compiled spec's group action."""
+    params = dict(model.named_parameters())
+    moved = compiled.act(elements, {n: params[n].detach() for n in compiled.param_names})
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for n, p in out.named_parameters():
+            if n in moved:
+                p.copy_(moved[n])
+    return out
+
+
+def pairing(q: torch.Tensor) -> list[int]:
+    """A head owner's permutation matrix (n, n) as a list: result slot i holds `other`'s head [i]."""
+    return [int(j) for j in q.abs().argmax(-1)]
+
+
+def heads_diagnostics(a: nn.Module, b: nn.Module, loss_fn, test: list, fixed, permuted, act,
+                      residual: str = "res") -> dict:
+    """Why weight matching's heads-permuted row can end above its heads-fixed row, measured on the pair.
+
+    `fixed`, `permuted`: weight matching's AlignResults with identity and with perm head owners (one spec
+    otherwise); `act`: activation matching's with perm owners. Per head owner (one per layer): the heads its
+    exact joint step (symo.alignment.matching's head_pair_terms and solve_heads: a linear assignment of head
+    pairs, then Procrustes per pair) moves when taken from the heads-fixed result with every other element
+    held, the objective gain and the barrier of that step alone, and the rank (1: the best of all n!
+    pairings) under the weight score at the heads-permuted result of keeping heads in place and of
+    activation matching's pairing. Then: whether the heads-permuted result is exactly the heads-fixed result
+    followed by those steps; objective and barrier with activation matching's head pairing (the rest by
+    weights); and both groups' objective and barrier with activation matching's `residual` permutation (the
+    rest by weights)."""
+    compiled = permuted.compiled
+    dtype = permuted.matrices[next(iter(permuted.matrices))].dtype
+    ref = {n: p.detach().to(dtype) for n, p in a.named_parameters() if n in compiled.param_names}
+    other = {n: p.detach().to(dtype) for n, p in b.named_parameters() if n in compiled.param_names}
+    owners = [s for s in compiled.spaces if moving_per_spaces(compiled, s)]
+
+    def objective(elements: dict) -> float:
+        return sum(inner_products(compiled, elements, ref, other).values())
+
+    def path(elements: dict, spec=None) -> float:
+        return barrier(a, moved_model(b, spec or compiled, elements), loss_fn, test, ALPHAS).barrier("loss")
+
+    def rank(score: torch.Tensor, p: list[int]) -> int | None:
+        n = score.shape[0]
+        if n > 8:  # 8! pairings at most
+            return None
+        value = float(score[torch.arange(n), torch.as_tensor(p)].sum())
+        others = (float(score[torch.arange(n), torch.as_tensor(r)].sum()) for r in itertools.permutations(range(n)))
+        return 1 + sum(v > value + 1e-9 * abs(value) for v in others)
+
+    start = {s: q.to(dtype) for s, q in fixed.matrices.items()}
+    base = objective(start)
+    stepped, layers = dict(start), {}
+    for owner in owners:
+        owned = moving_per_spaces(compiled, owner)
+        groups = {t: compiled.spaces[t]["group"] for t in owned}
+        c0, cross = head_pair_terms(compiled, start, owner, owned, ref, other)
+        q, rotations, _ = solve_heads(compiled.spaces[owner]["group"], c0, {t: (groups[t], cross[t]) for t in owned})
+        step = {owner: q.to(dtype).unsqueeze(0), **{t: r.to(dtype) for t, r in rotations.items()}}
+        stepped.update(step)
+        moved = pairing(q)
+        alone = {**start, **step}
+        c0, cross = head_pair_terms(compiled, permuted.matrices, owner, owned, ref, other)
+        score = c0 + sum(best_values(groups[t], cross[t]) for t in owned)
+        layers[owner] = {"heads": moved, "gain": objective(alone) - base,
+                         "barrier": path(alone) if moved != sorted(moved) else None,
+                         "rank_in_place": rank(score, list(range(len(moved)))),
+                         "activations": pairing(act.matrices[owner][0]),
+                         "rank_activations": rank(score, pairing(act.matrices[owner][0])),
+                         "pairings": math.factorial(len(moved))}
+    rest = [s for s in compiled.spaces if s not in owners and compiled.spaces[s]["per"] not in owners]
+    same = all(torch.equal(stepped[s], permuted.matrices[s].to(dtype)) for s in rest + owners) and all(
+        torch.allclose(stepped[t], permuted.matrices[t].to(dtype), atol=1e-5) for o in owners
+        for t in moving_per_spaces(compiled, o))
+    heads_act = weight_matching(compiled, ref, other, fixed={o: act.matrices[o].to(dtype) for o in owners})
+    out = {"layers": layers, "fixed_then_heads_step": same, "fixed_objective": base,
+           "permuted_objective": permuted.objective_after,
+           "heads_from_activations": {"objective": heads_act.objective_after, "barrier": path(heads_act.elements)}}
+    if residual in compiled.spaces and residual in act.matrices:
+        located = {residual: act.matrices[residual].to(dtype)}
+        for label, result in (("fixed", fixed), ("permuted", permuted)):
+            m = weight_matching(result.compiled, ref, other, fixed=located)
+            out[f"residual_from_activations_{label}"] = {"objective": m.objective_after,
+                                                         "barrier": path(m.elements, result.compiled)}
+    return out
+
+
+def heads_note(a: nn.Module, b: nn.Module, loss_fn, test: list, out: dict, results: dict, fixed: str, permuted: str,
+               act: str) -> str:
+    """heads_diagnostics for the rows `fixed`, `permuted` (weight matching) and `act` (activation matching): kept
+    in the permuted row (align.json) and returned in words."""
+    d = heads_diagnostics(a, b, loss_fn, test, results[fixed], results[permuted], results[act])
+    out[permuted]["heads_diagnostics"] = d
+    return heads_text(d, out[fixed]["barrier_loss"], out[permuted]["barrier_loss"])
+
+
+def heads_text(d: dict, fixed_barrier: float, permuted_barrier: float) -> str:
+    """heads_diagnostics in words, for the case's note (every comparison worded from the numbers)."""
+    gain = d["permuted_objective"] - d["fixed_objective"]
+    same = d["fixed_then_heads_step"]
+    text = (f"Heads permuted against heads fixed (weight matching): the heads-permuted result "
+            f"{'is exactly' if same else 'is not'} the heads-fixed result followed by one exact head step per layer "
+            f"(the linear assignment of head pairs, every other element held"
+            f"{': the residual and MLP permutations are the same' if same else ''}); the permuted group raises the "
+            f"objective by {gain:.4f} ({100 * gain / abs(d['fixed_objective']):.3f}%) and moves the barrier from "
+            f"{fixed_barrier:.4f} to {permuted_barrier:.4f}. Per layer, the heads each slot takes, the step's "
+            f"objective gain and the barrier with that layer's step alone, then the rank (1: best) of keeping heads "
+            f"in place and of activation matching's pairing among all pairings under the weight score: ")
+    text += "; ".join(
+        f"{o} {v['heads']} (+{v['gain']:.4f}, "
+        + (f"barrier {v['barrier']:.4f}" if v["barrier"] is not None else "no head moved")
+        + f"; in place {v['rank_in_place']}, activations' {v['activations']} {v['rank_activations']} "
+        f"of {v['pairings']})"
+        for o, v in d["layers"].items()) + "."
+    h = d["heads_from_activations"]
+    text += (f" With activation matching's head pairing and the rest by weights: objective {h['objective']:.3f} "
+             f"({'lower' if h['objective'] < d['permuted_objective'] else 'not lower'} than the permuted group's), "
+             f"barrier {h['barrier']:.4f}.")
+    if "residual_from_activations_fixed" in d:
+        f, p = d["residual_from_activations_fixed"], d["residual_from_activations_permuted"]
+        higher = f["objective"] > d["fixed_objective"] and p["objective"] > d["permuted_objective"]
+        text += (f" With activation matching's residual permutation and the rest by weights: objective "
+                 f"{f['objective']:.3f} (heads fixed) and {p['objective']:.3f} (permuted), "
+                 f"{'both higher than' if higher else 'not both higher than'} weight matching's own descent reaches, "
+                 f"barriers {f['barrier']:.4f} and {p['barrier']:.4f}.")
+    return text
+
 def case_mha(quick: bool) -> tuple[dict, str]:
     x, y, xt, yt = load_mnist()
     n = 6000 if quick else 30000  # half the training set: about a minute of training per model
@@ -407,13 +551,15 @@ def case_mha(quick: bool) -> tuple[dict, str]:
         ("heads permuted (inferred)", heads_as(inferred, "perm"), "activations", None),
     ], repair=["weights: heads permuted (inferred)", "activations: heads permuted (inferred)"])
     w = extra["weights: heads permuted (inferred)"]
+    heads = heads_note(a, b, classify, test, out, extra, "weights: heads fixed (inferred, identity owners)",
+                       "weights: heads permuted (inferred)", "activations: heads permuted (inferred)")
     inits = [_init(make, s) for s in (0, 1)]
     return out, (f"MNIST rows as a 28-token sequence; MHAClassifier (d 64, 2 blocks of nn.MultiheadAttention with 4 "
                  f"heads of 16, ReLU MLP 128, pre-LayerNorm; {sum(p.numel() for p in a.parameters()):,} parameters), "
                  f"one epoch of Adam (lr 2e-3, batch 128) on {n:,} training images per model; test loss on the first "
                  f"5,000 test images; activation statistics and REPAIR's on 2,000 training images; spec inferred: "
                  f"{_spaces(w)}. {summary(out, extra)} Diagnostics: {_cosines(w)}; training moved the weight matrices "
-                 f"by {drift(a, inits[0]):.2f} and {drift(b, inits[1]):.2f} of their init's norm")
+                 f"by {drift(a, inits[0]):.2f} and {drift(b, inits[1]):.2f} of their init's norm. {heads}")
 
 
 def case_speed(quick: bool) -> tuple[dict, str]:

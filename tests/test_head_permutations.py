@@ -19,6 +19,7 @@ from symo.compiler import compile_spec
 from torch import nn
 
 import symo
+from symo.alignment.matching import weight_matching
 from symo.runtime.compiled import CompiledSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
@@ -222,6 +223,40 @@ def test_a_signed_perm_owner_aligns_as_the_perm_owner_does() -> None:
     assert not signed.relaxed
     assert signed.objective_after == pytest.approx(exact_optimum(a, b), rel=1e-6)
 
+
+def residual_spec_text() -> str:
+    """spec_text with a permuted residual stream: q, k, v's inputs, o's and fc2's outputs and fc1's inputs (not a
+    symmetry of Attention, whose input and output stay in place: a weight-matching problem in which the residual
+    couples every head to the MLP, as in a transformer)."""
+    text = spec_text().replace("[spaces]\n", '[spaces]\nres  = { group = "perm" }\n')
+    for old, new in (('"(head dqk)", "_"]', '"(head dqk)", "res"]'), ('"(head dvo)", "_"]', '"(head dvo)", "res"]'),
+                     ('["_", "(head dvo)"]', '["res", "(head dvo)"]'), ('["mlp", "_"]', '["mlp", "res"]'),
+                     ('["_", "mlp"]', '["res", "mlp"]')):
+        assert old in text
+        text = text.replace(old, new)
+    return text + '"o.bias"     = ["res"]\n"fc2.bias"   = ["res"]\n'
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_with_a_residual_stream_no_pairing_of_heads_beats_the_one_found(seed: int) -> None:
+    """Oracle: with the residual and MLP permutations held where align left them, every pairing of heads (all 3!,
+    enumerated), each with its per-head rotations solved by the ordinary per-space Procrustes steps (not the joint
+    head step), reaches at most the objective align reports, and align's own pairing reaches it: the heads it
+    returns are the exact optimum given the rest, also where the residual couples them to everything else."""
+    a, b = attention(10 * seed), attention(10 * seed + 1)
+    spec = symo.parse_spec(residual_spec_text())
+    result = symo.align(weights(a), weights(b), spec)  # state dicts: a weight-matching problem, no check
+    assert not torch.equal(result.elements["res"], torch.arange(D))  # the residual coupling is exercised
+    compiled = result.compiled
+    held = {s: result.matrices[s] for s in ("res", "mlp")}
+    values = {}
+    for p in itertools.permutations(range(HEADS)):
+        heads = torch.eye(HEADS, dtype=torch.float64)[list(p)].unsqueeze(0)  # slot i holds other's head p[i]
+        values[p] = weight_matching(compiled, weights(a), weights(b), fixed={**held, "head": heads}).objective_after
+    own = tuple(int(i) for i in result.elements["head"])
+    assert result.objective_after == pytest.approx(values[own], rel=1e-9)
+    assert result.objective_after >= max(values.values()) - 1e-9 * abs(result.objective_after)
+    assert max(values.values()) - min(values.values()) > 1e-3  # the pairing matters on this pair
 
 # ---------------------------------------------------------------------------------------------- the curvature
 def brute_orbit_average(vectors: list[torch.Tensor]) -> torch.Tensor:
