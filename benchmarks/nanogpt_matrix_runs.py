@@ -46,9 +46,14 @@ ARMS: dict[str, dict[str, Any]] = {
                      "label": "SOAP (pytorch-optimizer, the authors' algorithm)"},
     "symo_defaults_gpt_muon": {"kind": "symo", "spec": "gpt_muon", "options": {"update_scale": "muon"},
                                "grid": [0.01, 0.02, 0.04], "label": "Symo defaults, gpt_muon"},
-    "symo_defaults_gpt_true": {"kind": "symo", "spec": "gpt_true", "options": {"update_scale": "muon"},
+    # gpt_true under Muon's scale: these arms' runs were made with Muon's per-block factor alone, before a
+    # parameter whose blocks are not its own matrix moved at Muon's per-shape RMS; parameter_rms=False keeps them
+    "symo_defaults_gpt_true": {"kind": "symo", "spec": "gpt_true",
+                               "options": {"update_scale": "muon", "parameter_rms": False},
                                "grid": [0.01, 0.02, 0.04], "label": "Symo defaults, gpt_true"},
-    **{f"symo_{kind}_{spec}": {"kind": "symo", "spec": spec, "options": options, "grid": grid,
+    **{f"symo_{kind}_{spec}": {"kind": "symo", "spec": spec, "grid": grid,
+                              "options": {**options, **({"parameter_rms": False} if spec == "gpt_true" and
+                                                         options["preset"] == "then_orthogonalize" else {})},
                               "label": f"Symo {LABELS.get(kind, kind)}, {spec}"}
        for kind, options, grid in (
            # the published step with H_inv refreshed every 10 steps (every step costs 5-20x Muon's step here)

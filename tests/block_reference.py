@@ -111,18 +111,20 @@ class ReferenceSymo:
         every k-th step (t - 1 = 0 mod k): P = A_t^power (gradient estimator), or with
           H = (S_w + delta I)^{-1} # A_t (taylor; S_w of the centred w; invariant block: gradient) P = H^{2 power}
         z = scale * P Y
-      w = (1 - lr wd) w - lr scatter(z)
+      d = scatter(z); muon scale (parameter_rms): each parameter's d rescaled to RMS 1/sqrt(numel / rows)
+      w = (1 - lr wd) w - lr d
     """
 
     def __init__(self, layout: BlockLayout, lr: float, beta1: float = 0.95, nesterov: bool = True,
                  beta2: float = 0.0, source: str = "momentum", damping: float = 1e-6,
                  damping_mode: str = "relative", estimator: str = "gradient", power: float = -0.5,
                  precondition_frequency: int = 1, weight_decay: float = 0.0, update_scale: str = "natural",
-                 adamw_rms: float = 0.2, global_lambda_max: bool = False, centre_weights: bool = True):
+                 adamw_rms: float = 0.2, parameter_rms: bool = True, global_lambda_max: bool = False,
+                 centre_weights: bool = True):
         self.layout, self.lr = layout, lr
         self.o = dict(beta1=beta1, nesterov=nesterov, beta2=beta2, source=source, damping=damping,
                       mode=damping_mode, estimator=estimator, power=power, k=precondition_frequency,
-                      wd=weight_decay, scale=update_scale, rms=adamw_rms)
+                      wd=weight_decay, scale=update_scale, rms=adamw_rms, parameter_rms=parameter_rms)
         # deliberately wrong variants, so a test can show how far a broken option would land
         self.global_lambda_max = global_lambda_max    # relative damping against the largest block's lambda_max
         self.centre_weights = centre_weights          # taylor with S_w = R2(w) instead of R2(w - R1(w))
@@ -191,4 +193,18 @@ class ReferenceSymo:
                 z = z * (o["rms"] / (z.norm() / math.sqrt(y.shape[0] * d)))
             zs[label] = z
         upd = lay.scatter(zs)
+        if o["scale"] == "muon" and o["parameter_rms"]:
+            # a parameter that is not a Muon matrix (its rows moved by a space of its own, its other axes free; or
+            # a vector alone in the invariant block) at the RMS Muon gives a full-rank matrix of its shape,
+            # 1/sqrt(numel / rows) (a 1-D parameter: one row)
+            used = [a for ax in lay.axes.values() for a in ax if a != "_"]
+            invariant = {name for name, _ in lay.components.get((), [])}
+            for n, x in upd.items():
+                ax = lay.axes[n]
+                if len(ax) > 1 and ax[0] != "_" and used.count(ax[0]) == 1 and all(a == "_" for a in ax[1:]):
+                    continue
+                if ax == ("_",) and invariant == {n}:
+                    continue
+                fan_in = x.numel() / (x.shape[0] if x.dim() > 1 else 1)
+                upd[n] = x / x.pow(2).mean().sqrt() / math.sqrt(fan_in)
         return {n: (1 - self.lr * o["wd"]) * w[n].to(F64) - self.lr * upd[n] for n in w}

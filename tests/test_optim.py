@@ -394,8 +394,9 @@ def test_muon_hot_path_traces_as_one_graph():
     args = (names, grads)
     compiled = torch.compile(polar_step, fullgraph=True, backend="eager")
     plan = (opt.plan, opt.kind, StepContext(opt.stats_dtype, 0.95, 1, torch.device("cpu")))
-    out, _ = compiled(*plan, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3)
-    ref, _ = polar_step(*plan, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3)
+    out, _ = compiled(*plan, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3, opt.rms_targets)
+    ref, _ = polar_step(*plan, *args, [torch.zeros_like(g) for g in grads], (0.95,) * 3, (True,) * 3,
+                        opt.rms_targets)
     assert all(torch.equal(out[n], ref[n]) for n in names)
 
 

@@ -103,7 +103,9 @@ def test_describe_reports_every_option_and_block():
     assert len(blocks) == 3 and blocks[1].startswith("  L1 nat(rows2)")
     # update_scale="adamw": every block's unit update has RMS adamw_rms (0.2), so lr_eff = 0.1 * 0.2
     assert blocks[1].endswith(": Y 1x8x6, d=6, lr_eff=0.02, backend=eigh; fc2.weight"), blocks[1]
-    assert text.splitlines()[-1] == "  AdamW: fc1.bias, fc2.bias, fc3.bias at its own rate adamw_lr=0.003 (not lr)"
+    # no adamw_lr: the AdamW side follows lr (AdamW's scale documents 3e-3, so 1 x lr)
+    assert text.splitlines()[-1] == ("  AdamW: fc1.bias, fc2.bias, fc3.bias at its own rate 0.1 (adamw_lr=None: 1 x "
+                                     "lr, 0.003 at the documented rate 0.003)")
     bias_free = MLP(SIZES, bias=False)
     assert Symo(bias_free.named_parameters(), MUON).describe().splitlines()[-1] == "  AdamW: (none)"
 
@@ -151,10 +153,11 @@ def test_parameter_list_errors():
     # a {name: param} dict, and groups holding dicts, are named parameters too
     opt = Symo(dict(named), MUON, lr=0.3)
     assert opt.param_groups[0]["param_names"] == ["fc1.weight", "fc2.weight", "fc3.weight"]
-    assert opt.param_groups[0]["lr"] == 0.3 and opt.param_groups[1]["lr"] == 3e-3
+    # no adamw_lr: the AdamW side follows lr, 3e-3 at the default 1e-3
+    assert opt.param_groups[0]["lr"] == 0.3 and opt.param_groups[1]["lr"] == pytest.approx(0.9)
     opt = Symo([{"params": dict(named[:3]), "lr": 0.5, "adamw_lr": 0.05}, {"params": dict(named[3:])}], MUON, lr=0.3)
     assert [(g["kind"], g["lr"]) for g in opt.param_groups] == [("symo", 0.5), ("adamw", 0.05), ("symo", 0.3),
-                                                               ("adamw", 3e-3)]
+                                                               ("adamw", pytest.approx(0.9))]
 
 
 def test_compiled_spec_and_geometric_mean_coverage_errors():

@@ -74,7 +74,8 @@ def test_constructor_messages():
     with raises(TypeError, "unknown option 'bogus'; the options are ['adamw_betas', 'adamw_eps', 'adamw_lr', "
                            "'adamw_rms', 'adamw_wd', 'batch_blocks', 'beta1', 'check_finite', 'compile', "
                            "'distributed_bucket_mb', 'distributed_comm_dtype', 'distributed_mode', 'nesterov', "
-                           "'update_scale', 'weight_decay'], 'preconditioner' and the options of the chosen kind "
+                           "'parameter_rms', 'update_scale', 'weight_decay'], 'preconditioner' and the options of the "
+                           "chosen kind "
                            "(polar: ['power', 'backend', 'eigh_max_size', 'ns_steps', 'ns_coeffs', 'ns_dtype', "
                            "'ns_method', 'damping', 'damping_mode', 'statistic', 'stats_dtype', 'ns_inverse_steps'])"):
         Symo(named, MUON, bogus=1)

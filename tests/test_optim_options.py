@@ -124,6 +124,8 @@ CASES = [
                                        "damping_mode": "absolute", "power": -0.25},
      {"beta2": 0.5, "estimator": "taylor", "damping": 1e-3, "power": -0.25}),
     ("update_scale_muon", "tanh", {"update_scale": "muon"}, {}),
+    ("update_scale_muon_per_block", "tanh", {"update_scale": "muon", "parameter_rms": False},
+     {"update_scale": "muon"}),
     ("update_scale_muon_ema", "muon", {"update_scale": "muon", "beta2": 0.9}, {"beta2": 0.9}),
     ("update_scale_adamw", "tanh", {"update_scale": "adamw", "beta2": 0.5}, {"beta2": 0.5}),
     ("update_scale_adamw_rms", "relu", {"update_scale": "adamw", "adamw_rms": 0.05},
@@ -448,18 +450,24 @@ def test_a_batched_block_equals_its_heads_as_separate_blocks(options):
 def test_muon_scale_of_exactly_two():
     """hidden_hidden.toml on 4 x 4 layers: each weight is one block with mult 1 and d = width = 16, so the muon
     scale at power -1/4 is 16^{-1/4} sqrt(16) = 2 exactly, and the first update is
-    2 (||G||^2 / 16)^{-1/4} G = 4 G / ||G||^{1/2}."""
+    2 (||G||^2 / 16)^{-1/4} G = 4 G / ||G||^{1/2} (Muon's per-block factor alone, parameter_rms=False); with the
+    per-parameter RMS each weight's update is G at RMS 1/sqrt(4): G / ||G|| x sqrt(16) / 2 = 2 G / ||G||."""
     torch.manual_seed(0)
     model = MLP((4, 4, 4, 4), bias=False).double()
     x = torch.randn(8, 4, dtype=torch.float64)
     model(x).square().sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = Symo(model.named_parameters(), SPECS / "hidden_hidden.toml", preconditioner="root", lr=1.0, beta1=0.0,
-               beta2=0.5, damping=0.0,
-               power=-0.25, update_scale="muon")
-    opt.step()
-    for n, g in grads.items():
-        assert rel(before[n] - model.get_parameter(n).detach(), 4 * g / g.norm().sqrt()) < 1e-12, n
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for parameter_rms, want in ((False, lambda g: 4 * g / g.norm().sqrt()), (True, lambda g: 2 * g / g.norm())):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(start[n])
+                p.grad = grads[n].clone()
+        opt = Symo(model.named_parameters(), SPECS / "hidden_hidden.toml", preconditioner="root", lr=1.0,
+                   beta1=0.0, beta2=0.5, damping=0.0, power=-0.25, update_scale="muon", parameter_rms=parameter_rms)
+        opt.step()
+        for n, g in grads.items():
+            assert rel(before[n] - model.get_parameter(n).detach(), want(g)) < 1e-12, (parameter_rms, n)
 
 

@@ -47,6 +47,12 @@ class UpdateConfig:
     `adamw_rms` (Moonlight's matching, use AdamW's learning rate)."""
     adamw_rms: float = 0.2
     """Target RMS of a block's update under update_scale = "adamw"."""
+    parameter_rms: bool = True
+    """update_scale="muon": a parameter that is not its own rows x cols block (a true-symmetry spec groups
+    several parameters, or a whole matrix, into one block) gets its update rescaled to the RMS Muon gives a
+    full-rank matrix of its shape, 1/sqrt(fan_in), so one learning rate serves every spec of a model
+    (symo/optim/parameter_rms.py). Parameters that are their own block (Muon-style specs) keep Muon's update
+    exactly. False: Muon's per-block factor alone."""
     weight_decay: float = 0.0
     """Decoupled weight decay of the covered parameters: w <- (1 - lr wd) w."""
 
@@ -60,20 +66,27 @@ class UpdateConfig:
         ])
 
 
+ADAMW_LR = 3e-3
+"""The built-in AdamW's rate at the covered parameters' documented rate (AdamWConfig.lr)."""
+
+
 @dataclass
 class AdamWConfig:
     """The built-in AdamW of the parameters the spec does not cover (flat names: adamw_lr, ...)."""
 
-    lr: float = 3e-3
-    """Its learning rate (its own param group, so LR schedulers scale it too). 3e-3, the rate `symo train`
-    uses: on the bundled GPT and on a user's attention block, 3e-4 left the embeddings, gains and biases
-    undertrained (a validation loss of 1.72 against 1.28 at 3e-3 on the attention block)."""
+    lr: float | None = None
+    """Its learning rate (its own param group, so LR schedulers scale it too). None: it follows the covered
+    parameters' rate, `ADAMW_LR` (3e-3) when `lr` is the documented rate (the preset's; without a preset 1e-3
+    at the natural scale, 0.02 at Muon's, 3e-3 at AdamW's) and in proportion otherwise, so a sweep of `lr`
+    moves both sides. 3e-3 is the rate `symo train` uses: on the
+    bundled GPT and on a user's attention block, 3e-4 left the embeddings, gains and biases undertrained (a
+    validation loss of 1.72 against 1.28 at 3e-3 on the attention block). A number fixes it."""
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        raise_first(adamw_checks(self.lr, self.betas, self.eps, self.weight_decay))
+        raise_first(adamw_checks(ADAMW_LR if self.lr is None else self.lr, self.betas, self.eps, self.weight_decay))
 
 
 @dataclass

@@ -33,18 +33,30 @@ from torch import nn
 from ..compiler import Spec, SpecError
 from ..runtime.compiled import CompiledSpec, NonFiniteUpdateError, check_finite_tensors, compile_for
 from ..runtime.text import fit_lines
-from . import auto_spec, report, state
+from . import auto_spec, parameter_rms, report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
-from .config import SymoConfig
+from .config import ADAMW_LR, SymoConfig
 from .distributed import Distributor, distribute, zeros_like_param
 from .kinds import KINDS
 from .kinds.base import BlockStep, Kind, StepContext
 from .plan import Stage, build_stages, resolve_stats_dtype
-from .presets import get_preset
+from .presets import Preset, get_preset
 
 SpecLike = str | Path | Spec | CompiledSpec
 Tensors = dict[str, torch.Tensor]
+# without a preset, the documented rate of each update scale: 1e-3 natural (a full-rank block moves 1e-3 RMS
+# per entry, as Adam's rate does), Muon's 0.02 at Muon's scale, AdamW's 3e-3 when blocks match AdamW's RMS
+DEFAULT_LR = {"natural": 1e-3, "muon": 0.02, "adamw": ADAMW_LR}
+
+
+def documented_lr(preset: Preset | None, update_scale: str) -> float:
+    """The preset's rate, or without a preset the documented rate of the update scale."""
+    return preset.lr if preset is not None else DEFAULT_LR[update_scale]
+
+
+def _is_number(x: Any) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) or (torch.is_tensor(x) and x.numel() == 1)
 
 
 class Symo(torch.optim.Optimizer):
@@ -98,7 +110,7 @@ class Symo(torch.optim.Optimizer):
             raise ValueError(f"pass preset={preset!r} or config=, not both; override a preset's values by "
                              "keyword, e.g. Symo(params, spec, preset='published', beta2=0.999)")
         if lr is None:
-            lr = self.preset.lr if self.preset is not None else 1e-3
+            lr = documented_lr(self.preset, "natural")
         # what describe() compares against: the preset, or the documented defaults
         self.base_config = SymoConfig(**self.preset.values) if self.preset is not None else SymoConfig()
         self.config = cfg = (config or self.base_config).replace(**overrides)
@@ -118,9 +130,17 @@ class Symo(torch.optim.Optimizer):
         if module is not None:
             params = list(module.named_parameters())
         user_groups = normalise_groups(params)
+        # the AdamW side's rate when none is given: ADAMW_LR at the documented rate, in proportion to lr elsewhere
+        self.adamw_per_lr = adamw_per_lr = ADAMW_LR / documented_lr(self.preset, cfg.update_scale)
+
+        def group_options(g: dict[str, Any]) -> dict[str, Any]:
+            opts = {k: g.get(k, lr if k == "lr" else getattr(cfg, k)) for k in GROUP_KEYS}
+            if opts["adamw_lr"] is None and _is_number(opts["lr"]):
+                opts["adamw_lr"] = float(opts["lr"]) * adamw_per_lr
+            return opts
+
         for gi, g in enumerate(user_groups):  # before compiling: a bad option fails fast
-            check_group_options({k: g.get(k, lr if k == "lr" else getattr(cfg, k)) for k in GROUP_KEYS},
-                                "" if len(user_groups) == 1 else f"param group {gi}: ")
+            check_group_options(group_options(g), "" if len(user_groups) == 1 else f"param group {gi}: ")
         named = {n: p for g in user_groups for n, p in g["params"]}
         shapes = {n: tuple(p.shape) for n, p in named.items()}
         device = next(iter(named.values())).device
@@ -150,10 +170,12 @@ class Symo(torch.optim.Optimizer):
                 warnings.warn(text, UserWarning, stacklevel=2)
         self.plan: list[Stage] = build_stages(
             specs, lambda b, k: self.kind.backend_for(b, k, device, self.stats_dtype))
+        # the parameters whose update Muon's scale rescales to its per-shape RMS (not their own rows x cols block)
+        self.rms_targets: dict[str, float] = parameter_rms.rms_targets(specs[0])
 
         groups = []
         for gi, g in enumerate(user_groups):
-            opts = {k: g.get(k, lr if k == "lr" else getattr(cfg, k)) for k in GROUP_KEYS}
+            opts = group_options(g)
             cov = [(n, p) for n, p in g["params"] if n in covered]
             unc = [(n, p) for n, p in g["params"] if n not in covered]
             if cov:
@@ -245,12 +267,13 @@ class Symo(torch.optim.Optimizer):
             return
         ctx = StepContext(self.stats_dtype, shared_beta1(betas), len(self.plan), params[0].device,
                           statistics_only=fresh and self.kind.skips_first_step)
+        targets = self.rms_targets if self.kind.update_scale == "muon" and self.config.parameter_rms else {}
         d = self.distributor
         if d is None and self.kind.name == "polar" and self.config.compile:
             if self._compiled_step is None:
                 self._compiled_step = torch.compile(polar_step, fullgraph=True)
             updates, new_bufs = self._compiled_step(self.plan, self.kind, ctx, names, grads, bufs, tuple(betas),
-                                                    tuple(nesterovs))
+                                                    tuple(nesterovs), targets)
         else:
             us_list, new_bufs = momentum(grads, bufs, betas, nesterovs)
             us = dict(zip(names, us_list))
@@ -272,8 +295,8 @@ class Symo(torch.optim.Optimizer):
                 return st
 
             try:
-                updates = (directions(self.plan, self.kind, ctx, vectors, weights, set(names), journaled, owned)
-                           if vectors["u"] else {})
+                updates = (directions(self.plan, self.kind, ctx, vectors, weights, set(names), journaled, owned,
+                                      targets) if vectors["u"] else {})
             except BaseException:
                 for st, before in reversed(journal):
                     st.clear()
@@ -380,12 +403,13 @@ def with_zeros(compiled: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> 
 def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[str, Tensors],
                weights: Tensors | None, present: set[str],
                block_state: Callable[[int, Stage, str], dict[str, Any]],
-               owned: list[set[str]] | None) -> Tensors:
+               owned: list[set[str]] | None, rms_targets: dict[str, float] | None = None) -> Tensors:
     """The one loop: for each of the kind's passes, gather -> the kind on every block -> scatter.
 
     `vectors`: {"u": the vectors preconditioned, "g": the raw gradients when the kind asks for them};
     `present`: the parameters with a gradient (a block none of whose parameters has one is skipped, its
-    update zero); `owned` (several processes): per stage, the blocks computed here."""
+    update zero); `owned` (several processes): per stage, the blocks computed here; `rms_targets`: the
+    parameters whose direction is rescaled to a given RMS at the end (symo.optim.parameter_rms)."""
     like = next(iter(vectors["u"].values()))
     carried = {key: vectors[key] for key in kind.carried}
     stat_key = kind.statistic_key()
@@ -439,7 +463,7 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
                 kind.after_step(k, steps, ctx)
             except torch.linalg.LinAlgError as err:
                 raise linalg_failure(kind, plan[k].compiled, vectors, err) from err
-    return carried["u"]
+    return parameter_rms.match_rms(carried["u"], rms_targets or {})
 
 
 def linalg_failure(kind: Kind, comp: CompiledSpec, vectors: dict[str, Tensors], err: Exception
@@ -470,8 +494,8 @@ def lazy_gather(comp: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Cal
     return get
 
 
-def polar_step(plan: list[Stage], kind: Kind, ctx: StepContext, names, grads, bufs, betas, nesterovs
-               ) -> tuple[Tensors, list[torch.Tensor]]:
+def polar_step(plan: list[Stage], kind: Kind, ctx: StepContext, names, grads, bufs, betas, nesterovs,
+               rms_targets: dict[str, float]) -> tuple[Tensors, list[torch.Tensor]]:
     """The polar kind's whole step, Python control flow static in the shapes and config (torch.compile takes
     it as one graph): momentum, then the one loop (no block state). Returns the directions and the new
     momentum buffers."""
@@ -480,4 +504,5 @@ def polar_step(plan: list[Stage], kind: Kind, ctx: StepContext, names, grads, bu
     vectors = {"u": us}
     if "g" in kind.vectors():
         vectors["g"] = {n: g.to(us[n].dtype) for n, g in zip(names, grads)}
-    return directions(plan, kind, ctx, vectors, None, set(names), lambda k, stage, bid: {}, None), new_bufs
+    return directions(plan, kind, ctx, vectors, None, set(names), lambda k, stage, bid: {}, None,
+                      rms_targets), new_bufs

@@ -11,7 +11,7 @@ import torch
 
 from ..runtime.compiled import BlockInfo
 from ..runtime.text import fit_lines, summarize_names
-from .config import SymoConfig
+from .config import ADAMW_LR, SymoConfig
 from .kinds.base import update_scale_factor
 from .matrix_functions import ns_method
 from .plan import BlockPlan
@@ -59,14 +59,20 @@ def describe(opt: Symo) -> str:
             lines.append(f"  {tag}{b.id} {b.name}: Y {b.batch}x{b.mult}x{b.width}, d={b.dim}"
                          + ("" if unit is None else f", lr_eff={lr * unit:.3g}")
                          + f", backend={backend}; {summarize_names(b.params)}")
+    matched = sorted(opt.rms_targets) if cfg.update_scale == "muon" and cfg.parameter_rms else []
+    if matched:
+        lines.append("  at Muon's per-shape RMS (lr / sqrt(fan_in) per entry; their blocks are not their own rows x "
+                     f"cols, parameter_rms=True): {summarize_names(matched)}")
     users = {g.get("user_group", 0) for g in opt.param_groups}
     if len(users) > 1 and len(opt.param_groups) > len(users):
         lines.append(f"  param groups: {len(users)} given -> {len(opt.param_groups)} torch groups (each split into "
                      "its covered 'symo' part and its 'adamw' part; a group's 'user_group' names the one it came "
                      "from): " + ", ".join(f"{g.get('user_group', 0)}:{g['kind']}" for g in opt.param_groups))
     adamw_lrs = sorted({g["lr"] for g in opt.param_groups if g["kind"] == "adamw"})
-    lines.append("  AdamW: " + (summarize_names(adam) + f" at its own rate adamw_lr="
-                                f"{', '.join(f'{x:g}' for x in adamw_lrs)} (not lr)" if adam else "(none)"))
+    follows = (f"adamw_lr=None: {opt.adamw_per_lr:.3g} x lr, {ADAMW_LR:g} at the documented rate "
+               f"{ADAMW_LR / opt.adamw_per_lr:g}" if cfg.adamw_lr is None else "adamw_lr")
+    lines.append("  AdamW: " + (summarize_names(adam) + f" at its own rate "
+                                f"{', '.join(f'{x:g}' for x in adamw_lrs)} ({follows})" if adam else "(none)"))
     return fit_lines(lines)
 
 
