@@ -8,6 +8,7 @@ call per block, on a 3-layer GPT trained for a few real steps.
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -89,8 +90,9 @@ def test_auto_batching_stacks_on_accelerators_only(monkeypatch) -> None:
         assert _stack_blocks(explicit, torch.device("cpu")) is explicit is _stack_blocks(explicit, torch.device("cuda"))
 
 
-@pytest.mark.parametrize("bad", [1, 0, "yes", None])
-def test_batch_blocks_validation(bad) -> None:
+@pytest.mark.parametrize(("bad", "error"), [(1, TypeError), (0, TypeError), ("yes", ValueError), (None, TypeError)])
+def test_batch_blocks_validation(bad, error) -> None:
+    """A flag or 'auto': a string other than 'auto' is a wrong choice (ValueError), 1, 0 or None a wrong type."""
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=17, block_size=16))
-    with pytest.raises(ValueError, match="batch_blocks must be True, False or 'auto'"):
+    with pytest.raises(error, match=re.escape(f"batch_blocks must be one of True, False, 'auto'; got {bad!r}")):
         Symo(model.named_parameters(), "gpt_muon", batch_blocks=bad)

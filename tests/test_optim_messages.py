@@ -35,7 +35,10 @@ def raises(exc, message: str):
     ({"adamw_rms": float("inf")}, "adamw_rms must be > 0, got inf"),
     ({"adamw_rms": 0.0}, "adamw_rms must be > 0, got 0.0"),
     ({"ns_coeffs": (1.0, 2.0)}, "ns_coeffs must be three finite numbers (a, b, c), got (1.0, 2.0)"),
-    ({"ns_dtype": "float16"}, "ns_dtype must be 'float32' or 'bfloat16'"),
+    ({"ns_dtype": "float16"}, "ns_dtype must be one of 'float32', 'bfloat16'; got 'float16'"),
+    ({"update_scale": "x"}, "update_scale must be one of 'natural', 'muon', 'adamw'; got 'x'"),
+    ({"batch_blocks": "yes"}, "batch_blocks must be one of True, False, 'auto'; got 'yes'"),
+    ({"distributed_mode": "ddp"}, "distributed_mode must be one of 'auto', 'off', 'replicated', 'fsdp'; got 'ddp'"),
     ({"eigh_max_size": 0}, "eigh_max_size must be >= 1, got 0"),
 ])
 def test_config_rejects_by_itself(bad, message):

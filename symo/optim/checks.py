@@ -30,9 +30,59 @@ def _is_real(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _choices(hint: object) -> tuple[object, ...] | None:
+    """The values an option of type `hint` may take when they can be listed (a Literal, bool, None, or a union of
+    those); None when they cannot."""
+    if hint is bool:
+        return (True, False)
+    if hint is type(None):
+        return (None,)
+    if typing.get_origin(hint) is typing.Literal:
+        return typing.get_args(hint)
+    return None
+
+
+def _of_type(value: object, example: object) -> bool:
+    """`value` is of the type of the choice `example` (a bool is not an int here, nor an int a bool)."""
+    if isinstance(example, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(example, bool)
+    return isinstance(value, type(example))
+
+
+def _is_choice(value: object, choices: tuple[object, ...]) -> bool:
+    return any(_of_type(value, c) and value == c for c in choices)
+
+
+_NOTHING = object()  # a value of no option type, to word what a type wants
+
+
+def choice_problem(name: str, hint: object, value: object) -> TypeError | ValueError | None:
+    """The error for a value of a choice option (a Literal, or a union holding one) that is not one of its
+    choices: TypeError when the value is of none of the choices' types (nor of another member of the union),
+    ValueError when it is; both say `<name> must be one of 'a', 'b'; got 'x'`. None: the value is allowed, or
+    the option is not a choice option."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    members = args if origin in (typing.Union, types.UnionType) else (hint,)
+    listed = [_choices(m) for m in members]
+    if not any(typing.get_origin(m) is typing.Literal for m in members):
+        return None
+    choices = tuple(c for cs in listed if cs is not None for c in cs)
+    if _is_choice(value, choices):
+        return None
+    others = [m for m, cs in zip(members, listed) if cs is None]
+    if any(type_problem(m, value) is None for m in others):
+        return None  # allowed by a member that is not a list of choices (an int, a class)
+    said = ", ".join(repr(c) for c in choices)
+    wanted = f"one of {said}" if not others else " or ".join(
+        [p for p in (type_problem(m, _NOTHING) for m in others) if p] + [f"one of {said}"])
+    message = f"{name} must be {wanted}; got {value!r}"
+    same_type = any(_of_type(value, c) for c in choices)
+    return ValueError(message) if same_type else TypeError(message)
+
+
 def type_problem(hint: object, value: object) -> str | None:
     """What a value of option type `hint` must be, when `value` is not one (None: it is, or the type is one
-    that the config checks itself: a class, a spec, a union of classes)."""
+    that the config checks itself: a class, a spec, a union of classes). Choices (Literal) are `choice_problem`'s."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is bool:
         return None if isinstance(value, bool) else "True or False"
@@ -43,7 +93,7 @@ def type_problem(hint: object, value: object) -> str | None:
     if hint is str:
         return None if isinstance(value, str) else "a string"
     if origin is typing.Literal:
-        return None if isinstance(value, type(args[0])) else f"one of {args}"
+        return None  # choice_problem
     if origin is tuple:
         ok = isinstance(value, (tuple, list)) and all(type_problem(a, v) is None for a, v in zip(args, value))
         return None if ok else "a tuple of numbers"
@@ -52,21 +102,27 @@ def type_problem(hint: object, value: object) -> str | None:
             return None
         plain = [a for a in args if a is not type(None)]
         if not all(a in (int, float, str) for a in plain):
-            return None  # a union of classes, flags or choices: the config's own check words it
+            return None  # a union of classes (the config's own check words it) or holding choices (choice_problem)
         problems = [type_problem(a, value) for a in plain]
         return None if None in problems else " or ".join(p for p in problems if p)
     return None
 
 
-def check_types(cfg: object) -> None:
-    """TypeError naming the option for a value of the wrong kind (before any comparison misleads), every
-    option's type read from its config dataclass's annotation (the one statement of it)."""
+def check_types(cfg: object, prefix: str = "") -> None:
+    """TypeError naming the option for a value of the wrong kind (before any comparison misleads), and for a
+    choice option (Literal) a value that is not one of its choices (ValueError; TypeError when it is not even of
+    their type): every option's type and choices read from its config dataclass's annotation (the one statement
+    of them). `prefix`: what the option's flat name adds to the field's name (DistributedConfig's
+    `distributed_`)."""
     hints = typing.get_type_hints(type(cfg))
     for f in fields(cfg):
-        value = getattr(cfg, f.name)
+        value, name = getattr(cfg, f.name), prefix + f.name
+        choice = choice_problem(name, hints[f.name], value)
+        if choice is not None:
+            raise choice
         problem = type_problem(hints[f.name], value)
         if problem is not None:
-            raise TypeError(f"{f.name} must be {problem}, got {value!r}")
+            raise TypeError(f"{name} must be {problem}, got {value!r}")
     gm = getattr(cfg, "geometric_mean_with", None)
     if gm is not None and not isinstance(gm, (str, Path, Spec, CompiledSpec)):
         raise TypeError(f"geometric_mean_with must be a spec (path, name, Spec or CompiledSpec), got {gm!r}")

@@ -59,7 +59,6 @@ class UpdateConfig:
     def __post_init__(self) -> None:
         check_types(self)
         raise_first([
-            (self.update_scale in ("natural", "muon", "adamw"), "update_scale must be natural|muon|adamw"),
             (self.weight_decay >= 0.0 and math.isfinite(self.weight_decay),
              f"Invalid weight_decay value: {self.weight_decay} (must be a finite number >= 0)"),
             (self.adamw_rms > 0.0 and math.isfinite(self.adamw_rms), f"adamw_rms must be > 0, got {self.adamw_rms}"),
@@ -107,8 +106,6 @@ class ExecutionConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        raise_first([(self.batch_blocks in (True, False, "auto") and isinstance(self.batch_blocks, (bool, str)),
-                       f"batch_blocks must be True, False or 'auto', got {self.batch_blocks!r}")])
 
 
 @dataclass
@@ -132,14 +129,9 @@ class DistributedConfig:
     """Largest exchange buffer in MiB; a larger exchange is split into several collectives."""
 
     def __post_init__(self) -> None:
-        raise_first([
-            (self.mode in ("auto", "off", "replicated", "fsdp"), "distributed_mode must be auto|off|replicated|fsdp"),
-            (self.comm_dtype in ("auto", "float32", "float64", "bfloat16"),
-             "distributed_comm_dtype must be auto|float32|float64|bfloat16"),
-            (isinstance(self.bucket_mb, (int, float)) and not isinstance(self.bucket_mb, bool)
-             and self.bucket_mb > 0 and math.isfinite(self.bucket_mb),
-             f"distributed_bucket_mb must be a number > 0, got {self.bucket_mb!r}"),
-        ])
+        check_types(self, prefix=_PREFIX["distributed"])
+        raise_first([(self.bucket_mb > 0 and math.isfinite(self.bucket_mb),
+                      f"distributed_bucket_mb must be a number > 0, got {self.bucket_mb!r}")])
 
 
 FEATURES: dict[str, type] = {"momentum": MomentumConfig, "update": UpdateConfig, "adamw": AdamWConfig,

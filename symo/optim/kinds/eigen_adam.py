@@ -81,15 +81,6 @@ class EigenAdamConfig(AveragedOptions, AdamOptions):
         raise_first([
             (isinstance(self.refresh, (Eigh, PowerQR)),
              f"refresh must be symo.optim.bases.PowerQR(...) or Eigh(), got {self.refresh!r}"),
-            (self.first_step in ("skip", "update"), f"first_step must be 'skip' or 'update', got {self.first_step!r}"),
-            (self.statistic_timing in ("after", "before"),
-             f"statistic_timing must be 'after' or 'before', got {self.statistic_timing!r}"),
-            (self.null_directions in ("keep", "drop"),
-             f"null_directions must be 'keep' or 'drop', got {self.null_directions!r}"),
-            (self.refresh_phase in ("authors", "heavyball"),
-             f"refresh_phase must be 'authors' or 'heavyball', got {self.refresh_phase!r}"),
-            (self.eps_placement in ("authors", "adam", "clamp"),
-             f"eps_placement must be 'authors', 'adam' or 'clamp', got {self.eps_placement!r}"),
             (self.null_directions == "keep" or isinstance(self.refresh, Eigh),
              "null_directions='drop' zeroes basis columns, which a power-iteration refresh cannot start from: "
              "pass refresh=symo.optim.bases.Eigh() with it"),

@@ -71,7 +71,6 @@ class PublishedConfig(StatisticOptions):
                                            "statistic='gradient' is not an option of it"),
             (0.0 <= self.beta2 < 1.0, f"beta2 must be in [0, 1), got {self.beta2}"),
             (self.damping > 0.0, f"damping must be > 0 (the published step damps every power), got {self.damping}"),
-            (self.damping_scope in ("all", "block"), "damping_scope must be 'all' or 'block'"),
             (self.precondition_frequency >= 1,
              f"precondition_frequency must be >= 1, got {self.precondition_frequency}"),
         ])

@@ -7,7 +7,7 @@ first stage's A1^{power/2} (the two commute).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -41,7 +41,7 @@ class RootConfig(AveragedOptions, DampingOptions, PowerOptions):
     geometric_mean_with: Any = None
     """A second spec whose curvature commutes with the first (specs/shampoo_cols.toml with
     specs/shampoo_rows.toml): each stage applies its own A^{power/2}, two-sided Shampoo L^{-1/4} G R^{-1/4}."""
-    backend: str = "auto"
+    backend: Literal["auto", "eigh", "newton_schulz"] = "auto"
     """eigh (exact; float64 up to linalg.FLOAT64_EIGH_MAX), newton_schulz (the coupled inverse-root
     iteration, power -1/2 only, where its damping makes it accurate), or auto: the iteration only where it is
     both cheaper and accurate (an accelerator, a Gram side above eigh_max_size, relative damping at or above
@@ -53,7 +53,6 @@ class RootConfig(AveragedOptions, DampingOptions, PowerOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         raise_first([
-            (self.backend in ("auto", "eigh", "newton_schulz"), "backend must be auto|eigh|newton_schulz"),
             (self.backend != "newton_schulz" or (self.power == -0.5 and self.geometric_mean_with is None),
              "the newton_schulz backend computes the -1/2 power only (power = -0.5, no geometric mean)"),
             (self.eigh_max_size >= 1, f"eigh_max_size must be >= 1, got {self.eigh_max_size}"),
