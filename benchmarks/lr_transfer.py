@@ -1,33 +1,52 @@
-"""Does one learning rate per Symo preset work across the bundled benchmarks? Each preset's best rate on each
-benchmark problem, over its documented rate.
+"""Does one learning rate per Symo preset work across the bundled benchmarks, and on both kinds of spec? Each
+preset's best rate on each benchmark problem, over its documented rate, with the network's true symmetry group and
+with a Muon-style spec.
 
     python -m benchmarks.lr_transfer            # writes benchmarks/results/lr_transfer.{md,json}
-    python -m benchmarks.lr_transfer --quick    # a smoke run: 2 presets, 2 problems, no extension, temp dir
+    python -m benchmarks.lr_transfer --quick    # a smoke run: 2 presets (1 Muon-style), 2 problems, temp dir
 
-Per preset (symo.PRESETS, all of them) and problem (train_mlp tanh and linear, the MNIST autoencoder, the RNN
-of rnn_train, paper_mlp tanh and linear, and nanoGPT at the small size of nanogpt_compare): a factor-3 grid of
-three rates centred on GRID_CENTRE (the preset's rate when this was measured, so the table does not move when
-PRESETS changes), seed 0, the benchmark's own model, data, length, schedule and metric (final test or
-validation loss). A best rate at the grid's edge extends it by one point that way, at most twice; a best rate
-still at an edge after that is a bound (">=" / "<="). Every run is the benchmark's own training function on a
-preset arm (benchmarks/preset_arms.py), kept in the benchmark's own run cache (train_mlp_runs.json,
-rnn_train_runs.json), so a run the benchmark already made (its symo_notebook and symo_published arms,
-rnn_train's symo_rnn_notebook) is not trained again; paper_mlp has no cache of its own, its runs go to
-lr_transfer_runs.json. paper_mlp's preset arms run at a constant rate, as its tuned rows do.
+Problems: train_mlp tanh and linear, the MNIST autoencoder, the RNN of rnn_train, paper_mlp tanh and linear (the
+small problems), and nanoGPT at the small size of nanogpt_compare. Per preset, spec and problem: a factor-3 grid
+of three rates centred on GRID_CENTRE (the preset's rate when this was measured, so the table does not move when
+PRESETS changes), seed 0, the benchmark's own model, data, length, schedule and metric (final test or validation
+loss). A best rate at the grid's edge extends it by one point that way, at most twice; a best rate still at an
+edge after that is a bound (">=" / "<=").
+
+Two spec columns per problem (SPECS):
+- "true": the benchmark's own Symo spec, the network's true group (hidden units permuted), for every preset of
+  GRID_CENTRE on the small problems (soap_heavyball is not measured; soap not on the MNIST autoencoder, NOT_MEASURED:
+  its true spec puts fc2 and fc3, both axes permuted, each into one block whose two-sided factor is 4096 x 4096,
+  about 4.6 min a run). nanoGPT's true spec (gpt_true) is not measured here.
+- "muon": a Muon-style spec, a private signed_perm row space per weight matrix and the rest to Symo's AdamW (whose
+  rate follows lr: 3e-3 at the preset's documented rate): specs/muon.toml for the MLPs, specs/rnn_muon.toml for
+  the RNN (the arms "preset_<name>~muon" of benchmarks/preset_arms.py), for MUON_STYLE_PRESETS; nanoGPT's column
+  (gpt_muon) for every preset. symo.infer.training_spec is not used: it leaves the first layer and the classifier
+  to AdamW, which is every weight of train_mlp's and paper_mlp's two-layer networks, and cannot guess the RNN's
+  inputs; every weight matrix in a row space is what each benchmark's own Muon baseline does.
+
+Every run is the benchmark's own training function on a preset arm, kept in the benchmark's own run cache
+(train_mlp_runs.json, rnn_train_runs.json), so a run the benchmark already made (its symo_notebook and
+symo_published arms, rnn_train's symo_rnn_notebook) is not trained again; paper_mlp has no cache of its own, its
+runs go to lr_transfer_runs.json. paper_mlp's preset arms run at a constant rate, as its tuned rows do. A run
+whose code changed after the committed caches were made gets a key suffix (key_suffix), so a stale run is never
+reused: true-spec runs under Muon's update scale ("/parameter_rms": such a parameter's update is now rescaled to
+Muon's per-shape RMS) and eigen_adam's ("/soap_conventions": its kind's defaults are now SOAP's). The AdamW
+side's new rate changes no true-spec run: each small problem's true spec covers every parameter
+(uncovered_parameters). Muon-style arms are new.
 
 nanoGPT is not trained here except for the shampoo preset: the notebook and muon cells are the seed-0 grids of
 benchmarks/results/nanogpt_compare.json (factor-2 grids; the muon preset with the gpt_muon spec is Muon, whose
-row it takes), and the published, eigen_adam and then_orthogonalize cells come from the screening pass of
-benchmarks/results/nanogpt_matrix.json (the same small size; gpt_muon arms) once an arm's grid has finished there,
-"pending" otherwise. The nanoGPT
-column uses the Muon-style spec gpt_muon; every other problem uses the network's true group (the benchmark's
-own Symo spec).
+row it takes), and the published, eigen_adam, soap and then_orthogonalize cells come from the screening pass of
+benchmarks/results/nanogpt_matrix.json (the same small size; gpt_muon arms; eigen_adam's is the arm
+one_sided_soap, the preset as it is now) once an arm's grid has finished there, "pending" otherwise. Those runs
+(symo train) give the AdamW side a fixed 3e-3.
 
-Reported: best / documented (the preset's current lr in symo.PRESETS) per cell and the goal, within 3x
+Reported per spec: best / documented (the preset's current lr in symo.PRESETS) per cell and the goal, within 3x
 everywhere; per preset, the rate that makes the worst ratio smallest (the geometric midpoint of its best rates,
-rounded to 1, 1.5, 2, 3, 5 or 7 x 10^k); and for every preset whose best rates spread over more than 9x, the
-same grids under each other update scale its kind accepts (RMS matching to AdamW's update, "adamw", centred on
-3e-3; Muon's shape scale, "muon", centred on 0.02) on the six small problems, with the spread they give.
+rounded to 1, 1.5, 2, 3, 5 or 7 x 10^k); and for every preset whose best rates on the true spec spread over 9x,
+the same true-spec grids under each other update scale its kind accepts (RMS matching to AdamW's update,
+"adamw", centred on 3e-3; Muon's shape scale, "muon", centred on 0.02) on the small problems, with the spread
+they give.
 """
 
 from __future__ import annotations
@@ -44,13 +63,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import RunCache, run_pool, write_results
-from benchmarks.preset_arms import arm_name
+from benchmarks.preset_arms import SPECS, arm_name
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "lr_transfer"
 # the presets' documented rates when this table was measured: every grid is centred here
 GRID_CENTRE = {"published": 0.1, "notebook": 0.03, "muon": 0.02, "shampoo": 0.05, "eigen_adam": 3e-3,
-               "then_orthogonalize": 0.02}
+               "soap": 3e-3, "then_orthogonalize": 0.02}
 SCALE_CENTRE = {"adamw": 3e-3, "muon": 0.02}  # the alternative update scales' grids
 FACTOR, EXTENSIONS = 3.0, 2
 GOAL, SPREAD_LIMIT = 3.0, 9.0
@@ -61,14 +80,29 @@ PROBLEMS = ("train_mlp tanh", "train_mlp linear", "mnist_autoencoder", "rnn_trai
             "paper_mlp linear", "nanogpt")
 SMALL = PROBLEMS[:-1]
 RNN_SHAPE = (600, 20, 32, 64)  # steps, length, hidden, batch: rnn_train's committed command
-NANOGPT_SPEC = "gpt_muon"
+NANOGPT_SPEC = "gpt_muon"  # nanoGPT's column is the Muon-style spec's; gpt_true is not measured here
 # nanoGPT cells taken from other results: preset -> (results file, regime or None, arm, what differs)
 NANOGPT_SOURCES = {"notebook": ("nanogpt_compare.json", None, "symo_muon_notebook", ""),
                    "muon": ("nanogpt_compare.json", None, "muon", ""),
                    "published": ("nanogpt_matrix.json", "screen", f"symo_published_{NANOGPT_SPEC}",
                                  "H_inv refreshed every 10 steps"),
+                   # nanogpt_matrix's arm "eigen_adam" keeps the kind's older conventions; "one_sided_soap" is
+                   # the eigen_adam preset as it is now
+                   "eigen_adam": ("nanogpt_matrix.json", "screen", f"symo_one_sided_soap_{NANOGPT_SPEC}", ""),
                    **{k: ("nanogpt_matrix.json", "screen", f"symo_{k}_{NANOGPT_SPEC}", "")
-                      for k in ("eigen_adam", "then_orthogonalize")}}
+                      for k in ("soap", "then_orthogonalize")}}
+NANOGPT_TRAINED = ("shampoo",)  # nanoGPT cells trained here
+# the spec columns: "true", the benchmark's own spec (the network's true group); "muon", a Muon-style spec
+SPEC_LABEL = {"true": "true-symmetry spec", "muon": "Muon-style spec"}
+MUON_STYLE_PRESETS = ("muon", "then_orthogonalize", "eigen_adam", "soap")  # on the small problems' Muon-style specs
+# (preset, spec, problem) -> why its cell is not measured
+NOT_MEASURED = {("soap", "true", "mnist_autoencoder"):
+                "not measured: the true spec puts fc2 and fc3 (both axes permuted) each into one block, whose "
+                "two-sided factor is 4096 x 4096: 19 s for the first basis and 9 s per refresh every 10 steps, "
+                "about 4.6 min a run on one thread"}
+NOT_MEASURED_COLUMNS = {("true", "nanogpt"): "not measured: gpt_true is out of this table's scope"}
+# code changes since the committed caches were made, for runs whose keys did not say so: preset -> key tag
+CHANGED_PRESETS = {"eigen_adam": "soap_conventions"}  # eigen_adam's kind now defaults to SOAP's conventions
 
 
 # ------------------------------------------------------------------ the rule (pure functions, tested)
@@ -109,9 +143,46 @@ def recommend(best: list[float]) -> float:
     return nice(math.sqrt(min(best) * max(best)))
 
 
+def own_scale(preset: str) -> str:
+    """The update scale a preset uses as it is."""
+    from symo.optim.presets import PRESETS
+
+    return PRESETS[preset].values.get("update_scale", "natural")
+
+
+def key_suffix(preset: str, scale: str | None, spec: str) -> str:
+    """The tag appended to a run's cache key where the code the run uses changed after the committed caches were
+    made, so that a stale run is never reused; '' for runs the caches hold as they are now. True-spec runs under
+    Muon's update scale: "/parameter_rms" (a parameter whose blocks are not its own rows x cols now moves at
+    Muon's per-shape RMS); eigen_adam's true-spec runs: "/soap_conventions". Muon-style arms ("~muon") are new:
+    no cached run has their names. The AdamW side's rate, which now follows lr, leaves every true-spec run as
+    it was: the small problems' true specs cover every parameter (uncovered_parameters)."""
+    if spec not in SPECS:
+        raise ValueError(f"unknown spec variant {spec!r}; use one of {SPECS}")
+    if spec != "true":
+        return ""
+    tags = [CHANGED_PRESETS[preset]] if preset in CHANGED_PRESETS else []
+    if (scale or own_scale(preset)) == "muon":
+        tags.append("parameter_rms")
+    return "".join("/" + t for t in tags)
+
+
+def spec_presets(spec: str, presets: list[str]) -> list[str]:
+    """The presets of `presets` measured on the small problems under `spec`, in `presets`' order."""
+    return [p for p in presets if spec == "true" or p in MUON_STYLE_PRESETS]
+
+
+def not_measured(preset: str, spec: str, problem: str) -> str | None:
+    """Why the cell (preset, spec, problem) is not measured; None when it is."""
+    if spec == "muon" and problem != "nanogpt" and preset not in MUON_STYLE_PRESETS:
+        return "not measured: this preset is measured on the small problems' true spec only"
+    return NOT_MEASURED_COLUMNS.get((spec, problem)) or NOT_MEASURED.get((preset, spec, problem))
+
+
 @dataclass
 class Cell:
-    """One (preset, scale, problem): its seed-0 grid, grown at an edge at most EXTENSIONS times."""
+    """One (preset, scale, problem) on one spec variant: its seed-0 grid, grown at an edge at most EXTENSIONS
+    times."""
 
     preset: str
     scale: str | None
@@ -121,6 +192,7 @@ class Cell:
     extensions: int = 0
     seconds: float = 0.0
     source: str = "trained"
+    spec: str = "true"
 
     def record(self, lr: float, final: float, seconds: float) -> None:
         self.finals[lr] = final
@@ -168,7 +240,7 @@ class Problem:
     fn: Callable[[dict], dict]
     cache: RunCache
     job: Callable[[str, float], dict]
-    arm: Callable[[str, str | None], str]
+    arm: Callable[[str, str | None, str], str]  # (preset, scale, spec) -> the benchmark's arm
     final: Callable[[dict], float] = lambda r: r["final"]
     seconds: Callable[[dict], float] = lambda r: r.get("seconds", 0.0)
 
@@ -176,9 +248,9 @@ class Problem:
 def problems(out: Path, quick: bool, run_root: str) -> dict[str, Problem]:
     from benchmarks import nanogpt_compare, paper_mlp, rnn_train, train_mlp
 
-    def aliased(table: dict[str, str]) -> Callable[[str, str | None], str]:
+    def aliased(table: dict[str, str]) -> Callable[[str, str | None, str], str]:
         inverse = {v: k for k, v in table.items()}  # a benchmark arm that is the preset as it is
-        return lambda preset, scale: inverse.get(arm_name(preset, scale), arm_name(preset, scale))
+        return lambda preset, scale, spec: inverse.get(arm_name(preset, scale, spec), arm_name(preset, scale, spec))
 
     mlp_cache = RunCache(out / "train_mlp_runs.json")
     own = RunCache(out / f"{NAME}_runs.json")
@@ -215,7 +287,7 @@ def problems(out: Path, quick: bool, run_root: str) -> dict[str, Problem]:
                                             "run_root": run_root,
                                             "config": {"optimizer": "symo", "spec": NANOGPT_SPEC, "lr": lr,
                                                        "seed": 0, **_arm_config(arm), **gpt}},
-                           lambda preset, scale: arm_name(preset, scale),
+                           lambda preset, scale, spec: arm_name(preset, scale),  # its spec: NANOGPT_SPEC
                            final=lambda r: r["final_val"], seconds=lambda r: r["wall_s"]),
     }
 
@@ -232,7 +304,7 @@ def _arm_config(arm: str) -> dict[str, Any]:
 
 def nanogpt_cell(preset: str, results: Path) -> Cell:
     """A nanoGPT cell read from nanogpt_compare / nanogpt_matrix results; source 'pending' when not there."""
-    cell = Cell(preset, None, "nanogpt")
+    cell = Cell(preset, None, "nanogpt", spec="muon")
     file, regime, arm, differs = NANOGPT_SOURCES[preset]
     path = results / file
     entry = None
@@ -264,7 +336,9 @@ def run_cells(cells: list[Cell], probs: dict[str, Problem], workers: int, quick:
             mine = [(c, lr) for c in cells if c.problem == name for lr in c.todo]
             if not mine:
                 continue
-            jobs = [prob.job(prob.arm(c.preset, c.scale), lr) for c, lr in mine]
+            jobs = [prob.job(prob.arm(c.preset, c.scale, c.spec), lr) for c, lr in mine]
+            for (c, _lr), job in zip(mine, jobs):
+                job["key"] += key_suffix(c.preset, c.scale, c.spec)
             for (c, lr), rec in zip(mine, run_pool(prob.fn, jobs, prob.cache, workers, f"{NAME}: {name}")):
                 final = prob.final(rec)
                 c.record(lr, final if math.isfinite(final) else math.inf, prob.seconds(rec))
@@ -292,12 +366,40 @@ def spread(cells: list[Cell]) -> float | None:
     return max(best) / min(best) if len(best) > 1 else None
 
 
+def uncovered_parameters(problem: str, spec: str) -> list[str]:
+    """The parameters that small problem `problem`'s `spec` variant leaves to Symo's AdamW: the optimizer its
+    benchmark builds for a preset arm on that spec (built, not trained)."""
+    import torch
+
+    from benchmarks import mlp_common as mc
+    from benchmarks import paper_mlp, rnn_train, train_mlp
+    from symo.train.rnn import RNN
+
+    arm, lr = arm_name("muon", None, spec), GRID_CENTRE["muon"]
+    if problem.startswith("train_mlp") or problem == "mnist_autoencoder":
+        act = problem.split()[1] if problem.startswith("train_mlp") else "tanh"
+        sizes = (100, 70, 40) if problem.startswith("train_mlp") else (784, 128, 32, 128, 784)  # train_mlp.problem's
+        model = mc.make_mlp(sizes, act, 0, torch.float32)
+        opts = [train_mlp.make_optimizer(arm, model, lr, act, 1)]
+    elif problem.startswith("paper_mlp"):
+        model = paper_mlp.Net(paper_mlp.SIZES, problem.split()[1])
+        opts = [paper_mlp.make_optimizer(arm, model, problem.split()[1], lr)[0]]
+    elif problem == "rnn_train":
+        model = RNN(2, RNN_SHAPE[2], 1, act="tanh")
+        opts = rnn_train.make_optimizers(arm, model, lr)
+    else:
+        raise ValueError(f"not a small problem: {problem!r}")
+    names = {id(p): n for n, p in model.named_parameters()}
+    return sorted(names[id(p)] for o in opts for g in o.param_groups if g.get("kind") == "adamw" for p in g["params"])
+
+
 def main(argv: list[str] | None = None) -> int:
     from symo.optim.presets import PRESETS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=1, help="processes for the missing runs (one thread each)")
-    ap.add_argument("--quick", action="store_true", help="2 presets, 2 problems, 2-rate grids, to a temp dir")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 presets (muon alone on the Muon-style spec), 2 problems, 2-rate grids, to a temp dir")
     ap.add_argument("--out", type=Path, default=None, help="folder of the outputs and the run caches")
     args = ap.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp(prefix="lr_transfer_")) if args.quick else RESULTS)
@@ -305,35 +407,53 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     run_root = tempfile.mkdtemp(prefix="lr_transfer_runs_")  # nanoGPT's checkpoints, not kept
     probs = problems(out, args.quick, run_root)
-    presets = ["muon", "notebook"] if args.quick else list(PRESETS)
+    presets = ["muon", "notebook"] if args.quick else [p for p in PRESETS if p in GRID_CENTRE]
     small = ["paper_mlp tanh", "rnn_train"] if args.quick else list(SMALL)
-    cells = {(p, None, q): Cell(p, None, q) for p in presets for q in small}
-    for p in presets:
-        if args.quick:
-            continue
-        if p in NANOGPT_SOURCES:
-            cells[(p, None, "nanogpt")] = nanogpt_cell(p, RESULTS)
-        else:
-            cells[(p, None, "nanogpt")] = Cell(p, None, "nanogpt")  # trained here (shampoo)
-    used = run_cells([c for c in cells.values() if c.source == "trained"], probs, args.workers, args.quick)
-    wide = [p for p in presets
-            if (spread([c for (pp, _s, _q), c in cells.items() if pp == p]) or 1.0) > SPREAD_LIMIT * ROUNDING]
-    alt = {(p, s, q): Cell(p, s, q) for p in wide for s in accepted_scales(p) for q in small}
+    columns = small if args.quick else [*small, "nanogpt"]
+    rows = {spec: spec_presets(spec, presets) for spec in SPECS}
+    cells: dict[str, dict[tuple, Cell]] = {spec: {} for spec in SPECS}
+    for spec in SPECS:
+        for p in rows[spec]:
+            for q in small:
+                if not not_measured(p, spec, q):
+                    cells[spec][(p, None, q)] = Cell(p, None, q, spec=spec)
+    if not args.quick:  # nanoGPT's column: gpt_muon, a Muon-style spec, for every preset
+        for p in presets:
+            if p in NANOGPT_SOURCES:
+                cells["muon"][(p, None, "nanogpt")] = nanogpt_cell(p, RESULTS)
+            elif p in NANOGPT_TRAINED:
+                cells["muon"][(p, None, "nanogpt")] = Cell(p, None, "nanogpt", spec="muon")
+        rows["muon"] = [p for p in presets if p in rows["muon"] or (p, None, "nanogpt") in cells["muon"]]
+    todo = [c for spec in SPECS for c in cells[spec].values() if c.source == "trained"]
+    used = run_cells(todo, probs, args.workers, args.quick)
+    # the other update scales, on the true spec's small problems, for the presets whose best rates there spread
+    wide = [p for p in rows["true"]
+            if (spread([c for (pp, _s, _q), c in cells["true"].items() if pp == p]) or 1.0) > SPREAD_LIMIT * ROUNDING]
+    alt = {(p, s, q): Cell(p, s, q, spec="true") for p in wide for s in accepted_scales(p) for q in small
+           if not not_measured(p, "true", q)}
     used += run_cells(list(alt.values()), probs, args.workers, args.quick)
     shutil.rmtree(run_root, ignore_errors=True)
-    cells.update(alt)
-    data = summarise(cells, presets, small, {p: PRESETS[p].lr for p in presets})
+    cells["true"].update(alt)
+    documented = {p: PRESETS[p].lr for p in presets}
+    data = summarise_specs({spec: summarise(cells[spec], rows[spec], small, documented, spec=spec, columns=columns)
+                            for spec in SPECS})
     data["meta"] = {"command": "python -m benchmarks.lr_transfer" + (" --quick" if args.quick else ""),
-                    "wall_s": time.time() - t0, "runs": used,
-                    "run_seconds": sum(c.seconds for c in cells.values()), "grid_centre": GRID_CENTRE,
-                    "scale_centre": SCALE_CENTRE, "factor": FACTOR, "extensions": EXTENSIONS}
+                    "wall_s": time.time() - t0, "runs": used, "workers": args.workers,
+                    "run_seconds": sum(c.seconds for spec in SPECS for c in cells[spec].values()),
+                    "grid_centre": GRID_CENTRE, "scale_centre": SCALE_CENTRE, "factor": FACTOR,
+                    "extensions": EXTENSIONS, "muon_style_presets": list(MUON_STYLE_PRESETS),
+                    "presets_not_measured": [p for p in PRESETS if p not in GRID_CENTRE]}
     write_results(out, NAME, markdown(data), data)
     print((out / f"{NAME}.md").read_text())
     return 0
 
 
 # ------------------------------------------------------------------ report
-def summarise(cells: dict[tuple, Cell], presets: list[str], small: list[str], documented: dict[str, float]) -> dict:
+def summarise(cells: dict[tuple, Cell], presets: list[str], small: list[str], documented: dict[str, float],
+              spec: str = "true", columns: list[str] | None = None) -> dict:
+    """One spec's table: cells {(preset, scale or None, problem): Cell} of that spec."""
+    columns = list(columns) if columns is not None else list(dict.fromkeys(
+        [*small, *(q for (_p, s, q) in cells if s is None)]))
     table: dict[str, Any] = {}
     for p in presets:
         own = {q: c for (pp, s, q), c in cells.items() if pp == p and s is None}
@@ -344,6 +464,7 @@ def summarise(cells: dict[tuple, Cell], presets: list[str], small: list[str], do
             "cells": {q: {"best_lr": c.best, "bound": c.bound, "ratio": (c.best / documented[p]) if c.best else None,
                           "grid": {f"{lr:g}": v for lr, v in sorted(c.finals.items())}, "source": c.source,
                           "run_seconds": c.seconds} for q, c in own.items()},
+            "not_measured": {q: why for q in columns if q not in own and (why := not_measured(p, spec, q))},
             "spread": (max(best.values()) / min(best.values())) if best else None,
             "spread_small": spread([own[q] for q in small if q in own]),
             "recommended": rec,
@@ -363,8 +484,17 @@ def summarise(cells: dict[tuple, Cell], presets: list[str], small: list[str], do
                                    for q, c in alt.items()}}
         table[p]["update_scales"] = scales
     within = [within_goal(c) for t in table.values() for c in t["cells"].values() if c["ratio"] is not None]
-    return {"presets": table, "goal": f"best / documented within {GOAL:g}x everywhere",
+    return {"spec": spec, "label": SPEC_LABEL.get(spec, spec), "columns": columns, "presets": table,
+            "goal": f"best / documented within {GOAL:g}x everywhere",
             "goal_met": all(within), "cells_within_goal": sum(within), "cells_measured": len(within)}
+
+
+def summarise_specs(per_spec: dict[str, dict]) -> dict:
+    """The spec tables (summarise's) and the goal over all of them."""
+    return {"specs": per_spec, "goal": f"best / documented within {GOAL:g}x everywhere, per spec",
+            "goal_met": all(t["goal_met"] for t in per_spec.values()),
+            "cells_within_goal": sum(t["cells_within_goal"] for t in per_spec.values()),
+            "cells_measured": sum(t["cells_measured"] for t in per_spec.values())}
 
 
 def within_goal(cell: dict) -> bool:
@@ -380,54 +510,96 @@ def _ratio_text(c: dict) -> str:
     return f"{c['bound']}{text}"
 
 
+def cell_text(t: dict, q: str, text: Callable[[dict], str]) -> str:
+    """A table cell of problem `q` in preset row `t`: `text` of a measured cell, else why it is not measured."""
+    if q in t["cells"]:
+        return text(t["cells"][q])
+    return "not measured" if q in t.get("not_measured", {}) else "-"
+
+
+def _processes(workers: int) -> str:
+    return "one process" if workers <= 1 else f"{workers} processes"
+
+
+def _goal_text(x: dict) -> str:
+    return f"{'met' if x['goal_met'] else 'not met'}, {x['cells_within_goal']} of {x['cells_measured']} cells"
+
+
 def markdown(data: dict) -> str:
-    meta, table = data["meta"], data["presets"]
-    problems_seen = list(dict.fromkeys(q for t in table.values() for q in t["cells"]))
-    head = "| preset | documented lr | " + " | ".join(problems_seen) + " | within 3x |"
-    rule = "|---|---:|" + "---:|" * len(problems_seen) + "---|"
+    meta, specs = data["meta"], data["specs"]
+    problems_seen = list(dict.fromkeys(q for t in specs.values() for q in t["columns"]))
+    small = [q for q in problems_seen if q != "nanogpt"]
+    muon_style = ", ".join(meta.get("muon_style_presets", MUON_STYLE_PRESETS))
     lines = ["# Learning-rate transfer: each preset's best rate over its documented one", "",
              f"Command: `{meta['command']}` ({meta['runs']} runs, {meta['run_seconds'] / 60:.0f} min of training "
-             "recorded in them, one process with one thread on 2 shared CPU cores; this invocation took "
+             f"recorded in them, {_processes(meta.get('workers', 1))} with one thread each on 2 shared CPU cores; "
+             "this invocation took "
              f"{meta['wall_s'] / 60:.0f} min, the runs its caches held were not trained again).", "",
-             "Per preset and problem: a factor-3 grid of 3 rates centred on the rate the preset was documented "
-             "with when this was measured (column `grid centre` below), seed 0, the benchmark's own model, data, "
-             "length, schedule and metric (final test loss; the RNN's final eval MSE; nanoGPT's final validation "
-             "loss); a best rate at an edge extends the grid by one point, at most twice, and `>=`/`<=` marks a "
-             "best still at an edge after that (such a cell does not count as within the goal). Symo uses each "
-             "benchmark's own spec (the network's true group); nanoGPT uses gpt_muon. paper_mlp's preset runs use "
-             "a constant rate (as its tuned rows do; its `symo` row uses the paper's decaying schedule). nanoGPT "
-             "cells: see the sources below; only the shampoo cell is trained here.", "",
-             f"## Best rate / documented rate (goal: within {GOAL:g}x everywhere: "
-             f"{'met' if data['goal_met'] else 'not met'}, {data['cells_within_goal']} of "
-             f"{data['cells_measured']} cells)", "", head, rule]
-    for p, t in table.items():
-        ok = all(within_goal(c) for c in t["cells"].values() if c["ratio"])
-        lines.append(f"| {p} | {t['documented']:g} | " + " | ".join(
-            _ratio_text(t["cells"][q]) if q in t["cells"] else "-" for q in problems_seen) + f" | "
-            f"{'yes' if ok else 'no'} |")
+             "Per preset, spec and problem: a factor-3 grid of 3 rates centred on the rate the preset was "
+             "documented with when this was measured (column `grid centre` below), seed 0, the benchmark's own "
+             "model, data, length, schedule and metric (final test loss; the RNN's final eval MSE; nanoGPT's final "
+             "validation loss); a best rate at an edge extends the grid by one point, at most twice, and `>=`/`<=` "
+             "marks a best still at an edge after that (such a cell does not count as within the goal). "
+             "paper_mlp's preset runs use a constant rate (as its tuned rows do; its `symo` row uses the paper's "
+             "decaying schedule). nanoGPT cells: see the sources below; only the shampoo cell is trained here.", "",
+             "Two specs per problem. **True-symmetry spec**: each benchmark's own spec, the network's true group "
+             "(hidden units permuted; every preset on the small problems). **Muon-style spec**: a private "
+             "signed_perm row space per weight matrix, the rest (biases) to Symo's AdamW, whose rate follows lr "
+             "(3e-3 at the preset's documented rate): specs/muon.toml on the MLPs (train_mlp, the autoencoder, "
+             "paper_mlp, every weight matrix as each benchmark's own Muon baseline), specs/rnn_muon.toml on the RNN; "
+             f"measured for {muon_style} (the other presets on the true spec only). "
+             "`symo.infer.training_spec` was not used: it leaves the first layer and the classifier to AdamW, "
+             "which on train_mlp's and paper_mlp's two-layer networks is every weight, and cannot guess the RNN's "
+             "inputs. nanoGPT's column is gpt_muon (a Muon-style spec; its runs, by `symo train`, give the AdamW "
+             "side a fixed 3e-3); nanoGPT with gpt_true is not measured. Not measured either: soap on the "
+             "autoencoder's true spec (fc2 and fc3, both axes permuted, are each one block whose two-sided factor "
+             "is 4096 x 4096: 19 s for the first basis and 9 s per refresh every 10 steps, about 4.6 min a run)"
+             + "".join(f"; the preset {p}" for p in meta.get("presets_not_measured", [])) + ". "
+             "Runs whose code changed after the committed run caches were made carry a new cache key: true-spec "
+             "runs under Muon's scale (`/parameter_rms`: a parameter whose blocks are not its own rows x cols now "
+             "moves at Muon's per-shape RMS) and eigen_adam's true-spec runs (`/soap_conventions`: the kind now "
+             "defaults to SOAP's conventions). The other true-spec runs are the cached ones (today's code "
+             "reproduces them bit for bit); every small problem's true spec covers all its parameters, so the "
+             "AdamW side's new rate changes none of them.", "",
+             f"## Best rate / documented rate (goal: within {GOAL:g}x everywhere, per spec: {_goal_text(data)})"]
+    for st in specs.values():
+        cols = st["columns"]
+        lines += ["", f"### {st['label'][0].upper() + st['label'][1:]} (goal: {_goal_text(st)})", "",
+                  "| preset | documented lr | " + " | ".join(cols) + " | within 3x |",
+                  "|---|---:|" + "---:|" * len(cols) + "---|"]
+        for p, t in st["presets"].items():
+            ok = all(within_goal(c) for c in t["cells"].values() if c["ratio"])
+            lines.append(f"| {p} | {t['documented']:g} | " + " | ".join(cell_text(t, q, _ratio_text) for q in cols)
+                         + f" | {'yes' if ok else 'no'} |")
     lines += ["", "## Best rates and the recommendation", "",
-              "The rate that makes the worst ratio smallest is the geometric midpoint of a preset's best rates "
-              "(rounded to 1, 1.5, 2, 3, 5 or 7 x 10^k); `worst ratio` is the largest of best/rate and "
-              "rate/best over the measured cells.", "",
-              "| preset | grid centre | " + " | ".join(problems_seen) + " | spread | recommended | worst ratio "
-              "at recommended | at grid centre |", "|---|---:|" + "---:|" * len(problems_seen) + "---:|---:|---:|---:|"]
-    for p, t in table.items():
-        cells = [f"{t['cells'][q]['bound']}{t['cells'][q]['best_lr']:g}" if q in t["cells"] and
-                 t["cells"][q]["best_lr"] else ("pending" if q in t["cells"] else "-") for q in problems_seen]
-        worst_c = max((max(c["best_lr"] / t["grid_centre"], t["grid_centre"] / c["best_lr"])
-                       for c in t["cells"].values() if c["best_lr"]), default=None)
-        lines.append(f"| {p} | {t['grid_centre']:g} | " + " | ".join(cells) + " | "
-                     + (f"{t['spread']:.3g}x | {t['recommended']:g} | {t['worst_ratio_at_recommended']:.2g}x | "
-                        f"{worst_c:.2g}x |" if t["spread"] else "- | - | - | - |"))
-    alt_rows = [(p, s, a) for p, t in table.items() for s, a in t["update_scales"].items()]
+              "The rate that makes the worst ratio smallest is the geometric midpoint of a preset's best rates on "
+              "one spec (rounded to 1, 1.5, 2, 3, 5 or 7 x 10^k); `worst ratio` is the largest of best/rate and "
+              "rate/best over that spec's measured cells.", "",
+              "| preset | spec | grid centre | " + " | ".join(problems_seen) + " | spread | recommended | worst ratio "
+              "at recommended | at grid centre |",
+              "|---|---|---:|" + "---:|" * len(problems_seen) + "---:|---:|---:|---:|"]
+
+    def best_text(c: dict) -> str:
+        return f"{c['bound']}{c['best_lr']:g}" if c["best_lr"] else "pending"
+
+    for spec, st in specs.items():
+        for p, t in st["presets"].items():
+            worst_c = max((max(c["best_lr"] / t["grid_centre"], t["grid_centre"] / c["best_lr"])
+                           for c in t["cells"].values() if c["best_lr"]), default=None)
+            lines.append(f"| {p} | {spec} | {t['grid_centre']:g} | "
+                         + " | ".join(cell_text(t, q, best_text) for q in problems_seen) + " | "
+                         + (f"{t['spread']:.3g}x | {t['recommended']:g} | {t['worst_ratio_at_recommended']:.2g}x | "
+                            f"{worst_c:.2g}x |" if t["spread"] else "- | - | - | - |"))
+    true = specs.get("true", {"presets": {}})["presets"]
+    alt_rows = [(p, s, a) for p, t in true.items() for s, a in t["update_scales"].items()]
     if alt_rows:
-        small = [q for q in problems_seen if q != "nanogpt"]
-        lines += ["", f"## Other update scales for the presets whose best rates spread over {SPREAD_LIMIT:g}x", "",
-                  "The same grids on the small problems (not nanoGPT) under the update scales the preset's kind "
+        lines += ["", f"## Other update scales for the presets whose best rates on the true spec spread over "
+                  f"{SPREAD_LIMIT:g}x", "",
+                  "The same true-spec grids on the small problems under the update scales the preset's kind "
                   "accepts: `adamw` rescales each block's update to RMS 0.2 (AdamW's rates, grid centred on "
                   "3e-3), `muon` is Muon's shape scale (grid centred on 0.02). A preset keeps its own scale; "
-                  "these are measured alternatives. Cells: best rate (its final loss / the final loss of the "
-                  "preset's own scale at its best rate).", "",
+                  "these are measured alternatives (not measured on the Muon-style spec). Cells: best rate (its "
+                  "final loss / the final loss of the preset's own scale at its best rate).", "",
                   "| preset | scale | " + " | ".join(small) + " | spread | spread at own scale | recommended |",
                   "|---|---|" + "---:|" * len(small) + "---:|---:|---:|"]
         for p, s, a in alt_rows:
@@ -435,23 +607,28 @@ def markdown(data: dict) -> str:
             for q in small:
                 c = a["cells"].get(q)
                 if not c or c["best_lr"] is None:
-                    cells.append("-")
+                    cells.append("not measured" if q in true[p].get("not_measured", {}) else "-")
                     continue
                 rel = (f" ({c['final'] / c['own_scale_final']:.2g})" if c["own_scale_final"] and
                        math.isfinite(c["final"]) and c["own_scale_final"] > 0 else "")
                 cells.append(f"{c['bound']}{c['best_lr']:g}{rel}")
+            spread_own = true[p]["spread_small"]
             lines.append(f"| {p} | {s} | " + " | ".join(cells) + f" | {a['spread_small']:.3g}x | "
-                         f"{table[p]['spread_small']:.3g}x | {a['recommended']:g} |")
+                         + (f"{spread_own:.3g}x" if spread_own else "-") + f" | {a['recommended']:g} |")
     lines += ["", "## Grids (seed 0: rate: final loss)", ""]
-    for p, t in table.items():
-        for q, c in t["cells"].items():
-            grid = ", ".join(f"{lr}: {v:.4g}" for lr, v in c["grid"].items()) or c["source"]
-            src = "" if c["source"] == "trained" else f" ({c['source']})"
-            lines.append(f"- {p}, {q}{src}: {grid}")
-        for s, a in t["update_scales"].items():
-            for q, c in a["cells"].items():
-                lines.append(f"- {p} at update_scale={s}, {q}: "
-                             + ", ".join(f"{lr}: {v:.4g}" for lr, v in c["grid"].items()))
+    for spec, st in specs.items():
+        for p, t in st["presets"].items():
+            for q, c in t["cells"].items():
+                grid = ", ".join(f"{lr}: {v:.4g}" for lr, v in c["grid"].items()) or c["source"]
+                src = "" if c["source"] == "trained" else f" ({c['source']})"
+                lines.append(f"- {p}, {spec} spec, {q}{src}: {grid}")
+            for q, why in t.get("not_measured", {}).items():
+                if (p, spec, q) in NOT_MEASURED:
+                    lines.append(f"- {p}, {spec} spec, {q}: {why}")
+            for s, a in t["update_scales"].items():
+                for q, c in a["cells"].items():
+                    lines.append(f"- {p} at update_scale={s}, {spec} spec, {q}: "
+                                 + ", ".join(f"{lr}: {v:.4g}" for lr, v in c["grid"].items()))
     return "\n".join(lines)
 
 

@@ -18,8 +18,9 @@
   updates on DEFAULTS_GRID, extended while the best rate sits at an edge); symo_published
   (preset="published", the published step, a constant lr tuned the same way on PUBLISHED_GRID).
 All rates are the paper's (SETTINGS), not tuned here, except symo_defaults' and symo_published'. An arm named
-"preset_<name>" is Symo with that preset as it is at a constant lr (benchmarks/preset_arms.py;
-benchmarks/lr_transfer.py trains them).
+"preset_<name>" is Symo with that preset as it is at a constant lr, "preset_<name>~muon" the same on
+specs/muon.toml (a private row space per weight matrix) (benchmarks/preset_arms.py; benchmarks/lr_transfer.py
+trains them).
 
     python -m benchmarks.paper_mlp          # 4-7 minutes on one thread
 """
@@ -38,9 +39,10 @@ from tqdm import tqdm
 
 import symo
 from benchmarks.harness import write_results
-from benchmarks.preset_arms import preset_options
+from benchmarks.preset_arms import preset_options, preset_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
+MUON_SPEC = Path(__file__).resolve().parents[1] / "specs" / "muon.toml"  # preset arms "~muon": a row space per matrix
 SIZES = (100, 70, 40)
 CHECKPOINTS = (10, 20, 50, 100)
 SETTINGS = {  # the paper's hyperparameters per activation
@@ -193,7 +195,8 @@ def make_optimizer(kind: str, net: Net, act: str, lr: float | None = None):
         return opt, lambda t: alpha * beta ** t
     options = {} if kind == "symo_defaults" else preset_options(PRESET_ARMS.get(kind, kind))
     if options is not None:  # a constant lr: the defaults, or a preset as it is
-        return symo.Symo(net.named_parameters(), symo.parse_spec(spec_toml()), lr=lr, **options), None
+        spec = MUON_SPEC if preset_spec(kind) == "muon" else symo.parse_spec(spec_toml())
+        return symo.Symo(net.named_parameters(), spec, lr=lr, **options), None
     if kind == "gd":
         return torch.optim.SGD(net.parameters(), lr=cfg["gd"]), None
     if kind == "adam":

@@ -19,7 +19,8 @@ extended while the best rate sits at its edge):
 - adam:      torch.optim.Adam;
 - muon:      the reference Muon (tests/references.py) on the matrices, AdamW on the biases.
 Biases that an optimizer hands to AdamW use lr 1e-3 throughout. An arm named "preset_<name>" is Symo on
-specs/rnn_tanh.toml with that preset as it is (benchmarks/preset_arms.py; benchmarks/lr_transfer.py trains them).
+specs/rnn_tanh.toml with that preset as it is, "preset_<name>~muon" the same on specs/rnn_muon.toml (its biases go to
+Symo's AdamW at the rate that follows lr) (benchmarks/preset_arms.py; benchmarks/lr_transfer.py trains them).
 
 Writes benchmarks/results/rnn_train.{md,json,png}; JSON: optimizers -> name -> lr, loss_final_mean,
 loss_final_std, steps_to_target_mean, ms_per_step (plus the grids and per-seed numbers). Every run goes to
@@ -39,7 +40,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import RunCache, run_pool, write_results
-from benchmarks.preset_arms import preset_options
+from benchmarks.preset_arms import preset_options, preset_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,8 +90,9 @@ def make_optimizers(name: str, model: torch.nn.Module, lr: float) -> list[torch.
     if name == "symo_rnn_published":  # the published step at the method's own RNN damping
         return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", lr=lr, preset="published", damping=1e-5)]
     options = preset_options(PRESET_ARMS.get(name, name))
-    if options is not None:  # a preset as it is (symo_rnn_notebook, preset_<name>)
-        return [symo.Symo(named, ROOT / "specs" / "rnn_tanh.toml", lr=lr, **options)]
+    if options is not None:  # a preset as it is (symo_rnn_notebook, preset_<name>; "~muon": on rnn_muon.toml)
+        spec = "rnn_muon.toml" if preset_spec(name) == "muon" else "rnn_tanh.toml"
+        return [symo.Symo(named, ROOT / "specs" / spec, lr=lr, **options)]
     if name == "symo_muon":
         return [symo.Symo(named, ROOT / "specs" / "rnn_muon.toml", lr=lr, update_scale="muon", adamw_lr=BIAS_LR)]
     if name == "adam":

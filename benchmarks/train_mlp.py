@@ -36,13 +36,15 @@ import torch
 import symo
 from benchmarks import mlp_common as mc
 from benchmarks.harness import RunCache, run_pool, write_results
-from benchmarks.preset_arms import preset_options
+from benchmarks.preset_arms import preset_options, preset_spec
 from symo import hessian
 from symo.runtime.linalg import newton_schulz
 
 RESULTS = Path(__file__).resolve().parent / "results"
+MUON_SPEC = Path(__file__).resolve().parents[1] / "specs" / "muon.toml"  # preset arms "~muon": every weight matrix
 OPTIMIZERS = ["symo", "symo_notebook", "symo_published", "muon", "shampoo", "kfac", "adam", "gd"]
-# the arms that are a Symo preset as it is (benchmarks/preset_arms.py; lr_transfer trains the other presets)
+# the arms that are a Symo preset as it is (benchmarks/preset_arms.py; lr_transfer trains the other presets, and
+# every arm "preset_<name>~muon" on specs/muon.toml: a private row space per weight matrix, biases to AdamW)
 PRESET_ARMS = {"symo_notebook": "preset_notebook", "symo_published": "preset_published"}
 GRIDS = {
     "symo": [1e-3, 3e-3, 1e-2, 3e-2, 0.1],
@@ -127,6 +129,8 @@ def make_optimizer(kind: str, model: torch.nn.Module, lr: float, act: str, preco
     if options is not None:  # Symo with its defaults or a preset, on the network's true group
         sizes = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
         spec = symo.parse_spec(mc.mlp_spec_toml(len(sizes), mc.GROUP_OF_ACT[act], "true"))
+        if preset_spec(kind) == "muon":  # a preset arm "~muon": a private row space per weight matrix, biases AdamW
+            spec = MUON_SPEC
         return symo.Symo(model.named_parameters(), spec, lr=lr, **options)
     if kind == "muon":
         return Muon(model, lr)

@@ -1,6 +1,8 @@
 """benchmarks/lr_transfer.py: the grid rule (extension at an edge, at most twice, bounds), the recommended
-rate, the nanoGPT cells read from other results or marked pending, the preset arms, and --quick end to end
-with a second invocation that trains nothing."""
+rate, the nanoGPT cells read from other results or marked pending, the preset arms (on either spec variant), the
+two spec columns (which presets and cells each measures, the cache-key suffixes of changed code, what each spec
+leaves to AdamW, the per-spec goal and tables), and --quick end to end with a second invocation that trains
+nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import math
 import pytest
 
 from benchmarks import lr_transfer as lt
-from benchmarks.preset_arms import arm_name, preset_options
+from benchmarks.preset_arms import arm_name, preset_options, preset_spec
 
 
 def tune(optimum: float, centre: float) -> lt.Cell:
@@ -55,10 +57,14 @@ def test_recommendation_minimises_the_worst_ratio(monkeypatch):
 
 def test_nanogpt_cells_come_from_the_results_files_or_are_pending(tmp_path):
     assert lt.nanogpt_cell("eigen_adam", tmp_path).source.startswith("pending: nanogpt_matrix.json")
+    # eigen_adam as the preset is now: nanogpt_matrix's one_sided_soap arm, not its eigen_adam arm (older conventions)
     (tmp_path / "nanogpt_matrix.json").write_text(json.dumps({"screen": {"arms": {
-        "symo_eigen_adam_gpt_muon": {"lr": 0.003, "grid": {"0.0015": 1.7, "0.003": 1.6, "0.006": 1.65}}}}}))
+        "symo_eigen_adam_gpt_muon": {"lr": 0.006, "grid": {"0.003": 1.7, "0.006": 1.6, "0.012": 1.65}},
+        "symo_one_sided_soap_gpt_muon": {"lr": 0.003, "grid": {"0.0015": 1.7, "0.003": 1.6, "0.006": 1.65}}}}}))
     cell = lt.nanogpt_cell("eigen_adam", tmp_path)
     assert cell.best == 0.003 and cell.bound == "" and "screen (small size)" in cell.source
+    assert "symo_one_sided_soap_gpt_muon" in cell.source and cell.spec == "muon"
+    assert lt.nanogpt_cell("soap", tmp_path).source.startswith("pending")
     # before Muon's screen has finished: an arm whose grid has finished counts, one still tuning does not
     (tmp_path / "nanogpt_matrix.json").write_text(json.dumps({"screen_progress": {
         "symo_published_gpt_muon": {"stage": "finished at lr 0.03, wd 0 (1 seed)",
@@ -83,13 +89,21 @@ def test_preset_arms_name_a_preset_and_optionally_its_scale():
 def test_quick_mode_writes_the_outputs_and_a_second_run_trains_nothing(tmp_path, one_thread):
     lt.main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "lr_transfer.json").read_text())
-    assert set(data["presets"]) == {"muon", "notebook"}
-    for t in data["presets"].values():
-        assert set(t["cells"]) == {"paper_mlp tanh", "rnn_train"}
-        assert all(len(c["grid"]) == 2 and c["best_lr"] > 0 for c in t["cells"].values())
+    assert set(data["specs"]) == {"true", "muon"}
+    assert set(data["specs"]["true"]["presets"]) == {"muon", "notebook"}
+    assert set(data["specs"]["muon"]["presets"]) == {"muon"}
+    for st in data["specs"].values():
+        for t in st["presets"].values():
+            assert set(t["cells"]) == {"paper_mlp tanh", "rnn_train"}
+            assert all(len(c["grid"]) == 2 and c["best_lr"] > 0 for c in t["cells"].values())
     caches = {n: (tmp_path / n).read_text() for n in ("lr_transfer_runs.json", "rnn_train_runs.json")}
+    # the true-spec muon runs carry the parameter_rms suffix, the Muon-style arms their own names
+    own = json.loads(caches["lr_transfer_runs.json"])
+    assert "paper_mlp_tanh/preset_muon/lr0.02/seed0/steps5/parameter_rms" in own
+    assert "paper_mlp_tanh/preset_muon~muon/lr0.02/seed0/steps5" in own
     md = (tmp_path / "lr_transfer.md").read_text()
     assert md.splitlines()[2].startswith("Command: `python -m benchmarks.lr_transfer --quick`")
+    assert "### True-symmetry spec" in md and "### Muon-style spec" in md
     lt.main(["--quick", "--out", str(tmp_path)])
     assert {n: (tmp_path / n).read_text() for n in caches} == caches
 
@@ -101,3 +115,89 @@ def test_a_grid_step_rounded_to_three_digits_counts_as_three_and_four_does_not()
     assert lt.within_goal({"bound": "", "ratio": 0.0301 / 0.01})
     assert not lt.within_goal({"bound": "", "ratio": 0.0025 / 0.01})
     assert not lt.within_goal({"bound": "<=", "ratio": 1.0})
+
+
+def test_spec_arms_name_their_spec_variant_and_keep_the_presets_options():
+    assert arm_name("soap", None, "muon") == "preset_soap~muon"
+    assert arm_name("notebook", "adamw", "muon") == "preset_notebook@adamw~muon"
+    assert arm_name("muon") == arm_name("muon", None, "true") == "preset_muon"  # the true spec: the old names
+    assert preset_options("preset_notebook@adamw~muon") == {"preset": "notebook", "update_scale": "adamw"}
+    assert [preset_spec(a) for a in ("preset_soap~muon", "preset_soap", "symo_notebook", "adam")] == \
+        ["muon", "true", "true", "true"]
+    with pytest.raises(ValueError, match="unknown spec variant"):
+        arm_name("muon", None, "gpt_true")
+    with pytest.raises(ValueError, match="unknown spec variant"):
+        preset_options("preset_muon~nonesuch")
+
+
+def test_key_suffixes_mark_exactly_the_runs_whose_code_changed():
+    """True-spec runs under Muon's scale (parameter_rms) and eigen_adam's (SOAP's conventions) get new keys; the
+    others keep theirs (their cached runs are reused); Muon-style arms are new names, so no suffix."""
+    assert lt.key_suffix("muon", None, "true") == "/parameter_rms"
+    assert lt.key_suffix("then_orthogonalize", None, "true") == "/parameter_rms"
+    assert lt.key_suffix("notebook", "muon", "true") == "/parameter_rms"  # an alternative scale that is Muon's
+    assert lt.key_suffix("eigen_adam", None, "true") == "/soap_conventions"
+    assert lt.key_suffix("eigen_adam", "adamw", "true") == "/soap_conventions"
+    for preset, scale in (("published", None), ("published", "adamw"), ("notebook", None), ("shampoo", None),
+                          ("soap", None), ("muon", "adamw")):
+        assert lt.key_suffix(preset, scale, "true") == "", (preset, scale)
+    for preset in lt.MUON_STYLE_PRESETS:
+        assert lt.key_suffix(preset, None, "muon") == ""
+    with pytest.raises(ValueError, match="unknown spec variant"):
+        lt.key_suffix("muon", None, "gpt_muon")
+
+
+def test_each_spec_column_measures_its_presets_and_says_why_a_cell_is_not_measured():
+    presets = list(lt.GRID_CENTRE)
+    assert lt.spec_presets("true", presets) == presets
+    assert set(lt.spec_presets("muon", presets)) == {"muon", "then_orthogonalize", "eigen_adam", "soap"}
+    assert lt.not_measured("soap", "true", "mnist_autoencoder").startswith("not measured: ")
+    assert lt.not_measured("soap", "true", "rnn_train") is None
+    assert lt.not_measured("soap", "muon", "mnist_autoencoder") is None
+    assert "gpt_true" in lt.not_measured("muon", "true", "nanogpt")
+    assert lt.not_measured("shampoo", "muon", "nanogpt") is None  # nanoGPT's column is gpt_muon, every preset
+    assert "true spec only" in lt.not_measured("shampoo", "muon", "train_mlp tanh")
+    assert "soap_heavyball" not in lt.GRID_CENTRE  # not measured: the md names it
+
+
+def test_the_true_specs_cover_every_parameter_and_the_muon_style_specs_leave_the_biases_to_adamw(one_thread):
+    """So the AdamW side's new rate (following lr) changes no cached true-spec run."""
+    with pytest.warns(UserWarning):  # the true specs' wide blocks (autoencoder, RNN) are warned about
+        uncovered = {(q, spec): lt.uncovered_parameters(q, spec) for q in lt.SMALL for spec in lt.SPECS}
+    assert all(uncovered[(q, "true")] == [] for q in lt.SMALL)
+    assert uncovered[("train_mlp tanh", "muon")] == ["fc1.bias", "fc2.bias"]
+    assert uncovered[("mnist_autoencoder", "muon")] == [f"fc{i}.bias" for i in range(1, 5)]
+    assert uncovered[("rnn_train", "muon")] == ["b_h", "b_y"]
+    assert uncovered[("paper_mlp tanh", "muon")] == []  # no biases
+
+
+def _cells(finals_by_problem: dict[str, dict[float, float]], preset: str, spec: str) -> dict:
+    return {(preset, None, q): lt.Cell(preset, None, q, finals=f, spec=spec) for q, f in finals_by_problem.items()}
+
+
+def test_the_goal_is_evaluated_per_spec_and_the_md_has_a_table_per_spec():
+    good = {0.001: 1.0, 0.003: 0.0, 0.009: 1.0}      # best 3e-3: 1x soap's documented rate
+    far = {3.33e-5: 1.0, 0.0001: 0.0, 0.0003: 1.0}   # best 1e-4: 1/30x
+    documented = {"soap": 3e-3}
+    columns = ["rnn_train", "mnist_autoencoder", "nanogpt"]
+    true = lt.summarise(_cells({"rnn_train": good}, "soap", "true"), ["soap"], columns[:2], documented, spec="true",
+                        columns=columns)
+    muon = lt.summarise(_cells({"rnn_train": far, "mnist_autoencoder": good}, "soap", "muon"), ["soap"],
+                        columns[:2], documented, spec="muon", columns=columns)
+    assert true["goal_met"] and true["cells_measured"] == 1
+    assert set(true["presets"]["soap"]["not_measured"]) == {"mnist_autoencoder", "nanogpt"}
+    assert not muon["goal_met"] and (muon["cells_within_goal"], muon["cells_measured"]) == (1, 2)
+    assert set(muon["presets"]["soap"]["not_measured"]) == set()  # nanoGPT soap: not in these cells, no reason
+    data = lt.summarise_specs({"true": true, "muon": muon})
+    assert not data["goal_met"] and (data["cells_within_goal"], data["cells_measured"]) == (2, 3)
+    data["meta"] = {"command": "python -m benchmarks.lr_transfer", "wall_s": 60.0, "runs": 6, "run_seconds": 60.0,
+                    "muon_style_presets": ["soap"], "presets_not_measured": ["soap_heavyball"]}
+    md = lt.markdown(data)
+    true_table = md[md.index("### True-symmetry spec (goal: met, 1 of 1 cells)"):md.index("### Muon-style spec")]
+    assert "| soap | 0.003 | 1x | not measured | not measured | yes |" in true_table
+    muon_table = md[md.index("### Muon-style spec (goal: not met, 1 of 2 cells)"):md.index("## Best rates and")]
+    assert "| soap | 0.003 | 1/30x | 1x | - | no |" in muon_table
+    assert "| soap | true | 0.003 | 0.003 | not measured | not measured |" in md
+    assert "| soap | muon | 0.003 | 0.0001 | 0.003 | - | 30x |" in md
+    assert "- soap, true spec, mnist_autoencoder: not measured: the true spec puts fc2 and fc3" in md
+    assert "soap_heavyball" in md
