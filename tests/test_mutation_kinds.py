@@ -11,8 +11,7 @@ import re
 
 import pytest
 import torch
-from cases import PER_HEAD
-from helpers import assert_polar_of_the_librarys_direction, rel
+from helpers import assert_polar_of_the_librarys_direction
 
 import symo
 from symo.optim import Symo
@@ -284,28 +283,3 @@ def test_power_qr_takes_the_previous_basis_in_the_statistics_dtype():
     assert float((q[0].T @ q[0] - torch.eye(4, dtype=F64)).abs().max()) < 1e-12
 
 
-SPLIT_W = '[spaces]\n"d{i}" = "orthogonal"\n[params]\n"w{i}" = ["d{i}", "_"]\n'
-
-
-@pytest.mark.parametrize("inner", ["root", "eigen_adam"])
-def test_then_orthogonalize_on_a_batched_block_equals_its_heads_as_separate_blocks(inner):
-    """One weight with a per-head O(4) gauge (a block of batch 3) trains exactly like three weights with a gauge
-    each: the rescale to ||u|| and the polar factor are per head (heads of different scales)."""
-    gen = torch.Generator().manual_seed(12)
-    x, y = torch.randn(16, 5, generator=gen, dtype=F64), torch.randn(16, 12, generator=gen, dtype=F64)
-    w0 = torch.randn(12, 5, generator=gen, dtype=F64)
-    w0[:4] *= 10.0
-    joint = torch.nn.Parameter(w0.clone())
-    parts = [torch.nn.Parameter(w0[4 * i:4 * i + 4].clone()) for i in range(3)]
-    options = {"preset": "then_orthogonalize", "inner": inner, "backend": "eigh", "stats_dtype": "float64",
-               "precondition_frequency": 2, "lr": 0.05}
-    opts = [Symo({"w": joint}, symo.parse_spec(PER_HEAD), **options),
-            Symo({f"w{i}": p for i, p in enumerate(parts)}, symo.parse_spec(SPLIT_W), **options)]
-    assert [b.batch for b in opts[0].compiled.blocks] == [3] and len(opts[1].compiled.blocks) == 3
-    for _ in range(4):
-        for o, w in zip(opts, (joint, torch.cat(parts))):
-            o.zero_grad()
-            ((x @ w.T - y) ** 2).mean().backward()
-            o.step()
-    assert rel(torch.cat([p.detach() for p in parts]), joint.detach()) < 1e-10
-    assert rel(joint.detach(), w0) > 1e-3

@@ -421,10 +421,14 @@ SPLIT_HEADS = """
 
 @pytest.mark.parametrize("options", [{}, {"beta2": 0.9, "estimator": "taylor", "damping": 1e-3},
                                      {"beta2": 0.9, "update_scale": "adamw"}, {"beta1": 0.9, "source": "gradient"},
-                                     {"beta2": 0.5, "precondition_frequency": 2, "power": -0.25, "damping": 1e-2}])
+                                     {"beta2": 0.5, "precondition_frequency": 2, "power": -0.25, "damping": 1e-2},
+                                     *({"preset": "then_orthogonalize", "inner": inner, "backend": "eigh",
+                                        "stats_dtype": "float64", "precondition_frequency": 2}
+                                       for inner in ("root", "eigen_adam"))])
 def test_a_batched_block_equals_its_heads_as_separate_blocks(options):
     """One weight with a per-head O(4) gauge (a block of batch 3) trains exactly like three weights with a
-    gauge each (three blocks of batch 1): every path treats each batch element as its own block."""
+    gauge each (three blocks of batch 1): every path treats each batch element as its own block (for
+    then_orthogonalize: the rescale to ||u|| and the polar factor are per head)."""
     import symo
 
     gen = torch.Generator().manual_seed(12)
@@ -434,9 +438,9 @@ def test_a_batched_block_equals_its_heads_as_separate_blocks(options):
     w0[:4] *= 10.0                                   # heads of different scales
     joint = torch.nn.Parameter(w0.clone())
     parts = [torch.nn.Parameter(w0[4 * i:4 * i + 4].clone()) for i in range(3)]
-    opts = [Symo({"w": joint}, symo.parse_spec(PER_HEAD), lr=0.05, **kind_options(options)),
-            Symo({f"w{i}": p for i, p in enumerate(parts)}, symo.parse_spec(SPLIT_HEADS), lr=0.05,
-                 **kind_options(options))]
+    symo_options = options if "preset" in options else kind_options(options)
+    opts = [Symo({"w": joint}, symo.parse_spec(PER_HEAD), lr=0.05, **symo_options),
+            Symo({f"w{i}": p for i, p in enumerate(parts)}, symo.parse_spec(SPLIT_HEADS), lr=0.05, **symo_options)]
     assert [b.batch for b in opts[0].compiled.blocks] == [3] and len(opts[1].compiled.blocks) == 3
     for _ in range(4):
         for o, w in zip(opts, (joint, torch.cat(parts))):
