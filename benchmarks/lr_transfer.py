@@ -32,7 +32,8 @@ whose code changed after the committed caches were made gets a key suffix (key_s
 reused: true-spec runs under Muon's update scale ("/parameter_rms": such a parameter's update is now rescaled to
 Muon's per-shape RMS) and eigen_adam's ("/soap_conventions": its kind's defaults are now SOAP's). The AdamW
 side's new rate changes no true-spec run: each small problem's true spec covers every parameter
-(uncovered_parameters). Muon-style arms are new.
+(uncovered_parameters). The Muon-style runs of eigen_adam and soap, whose documented rate moved from 3e-3 to
+9e-3 after they were first made (so their AdamW side, lr x 3e-3 / documented, moved too): "/documented9e-3".
 
 nanoGPT is not trained here except for the shampoo preset: the notebook and muon cells are the seed-0 grids of
 benchmarks/results/nanogpt_compare.json (factor-2 grids; the muon preset with the gpt_muon spec is Muon, whose
@@ -103,6 +104,9 @@ NOT_MEASURED = {("soap", "true", "mnist_autoencoder"):
 NOT_MEASURED_COLUMNS = {("true", "nanogpt"): "not measured: gpt_true is out of this table's scope"}
 # code changes since the committed caches were made, for runs whose keys did not say so: preset -> key tag
 CHANGED_PRESETS = {"eigen_adam": "soap_conventions"}  # eigen_adam's kind now defaults to SOAP's conventions
+# Muon-style runs (whose biases go to Symo's AdamW, at lr x 3e-3 / the documented rate) made before a preset's
+# documented rate moved: eigen_adam's and soap's went from 3e-3 to 9e-3, so their AdamW side is now a third of lr
+CHANGED_MUON_STYLE = {"eigen_adam": "documented9e-3", "soap": "documented9e-3"}
 
 
 # ------------------------------------------------------------------ the rule (pure functions, tested)
@@ -154,13 +158,14 @@ def key_suffix(preset: str, scale: str | None, spec: str) -> str:
     """The tag appended to a run's cache key where the code the run uses changed after the committed caches were
     made, so that a stale run is never reused; '' for runs the caches hold as they are now. True-spec runs under
     Muon's update scale: "/parameter_rms" (a parameter whose blocks are not its own rows x cols now moves at
-    Muon's per-shape RMS); eigen_adam's true-spec runs: "/soap_conventions". Muon-style arms ("~muon") are new:
-    no cached run has their names. The AdamW side's rate, which now follows lr, leaves every true-spec run as
-    it was: the small problems' true specs cover every parameter (uncovered_parameters)."""
+    Muon's per-shape RMS); eigen_adam's true-spec runs: "/soap_conventions"; eigen_adam's and soap's Muon-style
+    runs: "/documented9e-3" (their AdamW side follows lr from the new documented rate). The AdamW side's rate,
+    which now follows lr, leaves every true-spec run as it was: the small problems' true specs cover every
+    parameter (uncovered_parameters)."""
     if spec not in SPECS:
         raise ValueError(f"unknown spec variant {spec!r}; use one of {SPECS}")
     if spec != "true":
-        return ""
+        return "/" + CHANGED_MUON_STYLE[preset] if preset in CHANGED_MUON_STYLE else ""
     tags = [CHANGED_PRESETS[preset]] if preset in CHANGED_PRESETS else []
     if (scale or own_scale(preset)) == "muon":
         tags.append("parameter_rms")

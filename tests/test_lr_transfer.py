@@ -132,7 +132,8 @@ def test_spec_arms_name_their_spec_variant_and_keep_the_presets_options():
 
 def test_key_suffixes_mark_exactly_the_runs_whose_code_changed():
     """True-spec runs under Muon's scale (parameter_rms) and eigen_adam's (SOAP's conventions) get new keys; the
-    others keep theirs (their cached runs are reused); Muon-style arms are new names, so no suffix."""
+    others keep theirs (their cached runs are reused); the Muon-style runs of the presets whose documented rate
+    moved (and with it their AdamW side's rate) get new keys, the others keep theirs."""
     assert lt.key_suffix("muon", None, "true") == "/parameter_rms"
     assert lt.key_suffix("then_orthogonalize", None, "true") == "/parameter_rms"
     assert lt.key_suffix("notebook", "muon", "true") == "/parameter_rms"  # an alternative scale that is Muon's
@@ -142,7 +143,8 @@ def test_key_suffixes_mark_exactly_the_runs_whose_code_changed():
                           ("soap", None), ("muon", "adamw")):
         assert lt.key_suffix(preset, scale, "true") == "", (preset, scale)
     for preset in lt.MUON_STYLE_PRESETS:
-        assert lt.key_suffix(preset, None, "muon") == ""
+        moved = preset in ("eigen_adam", "soap")
+        assert lt.key_suffix(preset, None, "muon") == ("/documented9e-3" if moved else ""), preset
     with pytest.raises(ValueError, match="unknown spec variant"):
         lt.key_suffix("muon", None, "gpt_muon")
 

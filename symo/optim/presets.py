@@ -70,17 +70,17 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             preconditioner="root", beta1=0.0, nesterov=False, beta2=1.0, statistic="gradient", damping=1e-8,
             damping_mode="absolute", power=-0.5, backend="eigh", stats_dtype="float64", update_scale="natural",
             precondition_frequency=1),
-    _preset("eigen_adam", 3e-3, "Adam in each block's curvature eigenbasis (SOAP's settings: betas 0.95, "
+    _preset("eigen_adam", 9e-3, "Adam in each block's curvature eigenbasis (SOAP's settings: betas 0.95, "
             "eigenbasis every 10 steps)",
             preconditioner="eigen_adam", beta1=0.95, nesterov=False, beta2=0.95, adam_beta2=0.95, eps=1e-8,
             statistic="gradient", precondition_frequency=10, stats_dtype="float32", update_scale="natural"),
-    _preset("soap", 3e-3, "SOAP (Vyas et al. 2024) on every block, both sides from one spec: the authors' algorithm "
+    _preset("soap", 9e-3, "SOAP (Vyas et al. 2024) on every block, both sides from one spec: the authors' algorithm "
             "and defaults (betas 0.95, shampoo_beta 0.95, eps 1e-8, QR refresh every 10 steps, first step skipped)",
             preconditioner="eigen_adam", two_sided=True, beta1=0.95, nesterov=False, beta2=0.95, adam_beta2=0.95,
             eps=1e-8, statistic="gradient", precondition_frequency=10, max_precond_dim=10000, first_step="skip",
             statistic_timing="after", null_directions="keep", eps_placement="authors", stats_dtype="float32",
             update_scale="natural"),
-    _preset("soap_heavyball", 3e-3, "SOAP with heavyball's conventions and defaults: betas (0.9, 0.95), refresh every "
+    _preset("soap_heavyball", 9e-3, "SOAP with heavyball's conventions and defaults: betas (0.9, 0.95), refresh every "
             "2 steps one step earlier than the authors', eps as a clamp, QR with heavyball's shift, sides up to 2048",
             preconditioner="eigen_adam", two_sided=True, beta1=0.9, nesterov=False, beta2=0.95, adam_beta2=0.95,
             eps=1e-8, statistic="gradient", precondition_frequency=2, max_precond_dim=2048, first_step="skip",
