@@ -1,5 +1,6 @@
 """The newest kinds' edges that the other tests leave open (found by mutation testing of eigen_adam,
-then_orthogonalize, symo/optim/bases.py and linalg's eigh_basis / power_qr_basis), each against an independent
+then_orthogonalize, the refresh configs of symo/optim/matrix_function_configs.py and linalg's eigh_basis /
+power_qr_basis), each against an independent
 oracle: a dense float64 eigh, a closed form, the SVD polar factor, pytorch-optimizer's SOAP, or the documented
 contract of a validation message or a refresh schedule.
 """
@@ -14,8 +15,7 @@ import torch
 from helpers import assert_polar_of_the_librarys_direction
 
 import symo
-from symo.optim import Symo
-from symo.optim.bases import PowerQR
+from symo.optim import Eigh, PowerQR, Symo
 from symo.optim.kinds.eigen_adam import EigenAdamConfig
 from symo.optim.kinds.root import RootConfig
 from symo.optim.kinds.then_orthogonalize import ThenOrthogonalizeConfig
@@ -265,7 +265,7 @@ def test_then_orthogonalize_takes_an_inner_kinds_name_for_its_default_config():
     root = ThenOrthogonalizeConfig(inner="root").inner
     assert isinstance(root, RootConfig)
     assert (root.statistic, root.precondition_frequency, root.power, root.backend, root.beta2) == (
-        "gradient", 10, -0.3, "eigh", 0.95)
+        "gradient", 10, -0.3, Eigh(), 0.95)
     assert ThenOrthogonalizeConfig(inner="eigen_adam").inner == EigenAdamConfig()
     assert ThenOrthogonalizeConfig().inner == root
     with pytest.raises(ValueError, match="inner must be 'root', 'eigen_adam', a RootConfig or an EigenAdamConfig, "

@@ -80,7 +80,8 @@ def test_constructor_messages():
                            "'parameter_rms', 'update_scale', 'weight_decay'], 'preconditioner' and the options of the "
                            "chosen kind "
                            "(polar: ['power', 'backend', 'eigh_max_size', 'ns_steps', 'ns_coeffs', 'ns_dtype', "
-                           "'ns_method', 'damping', 'damping_mode', 'statistic', 'stats_dtype', 'ns_inverse_steps'])"):
+                           "'ns_method', 'damping', 'damping_mode', 'statistic', 'stats_dtype', 'inverse_root', "
+                           "'ns_inverse_steps'])"):
         Symo(named, MUON, bogus=1)
     with raises(TypeError, "beta2 is not an option of preconditioner 'polar' (the polar kind (Symo's default, "
                            "Muon's step) uses this step's statistic alone); it is an option of root, taylor, "

@@ -184,7 +184,7 @@ def auto_backend(cfg: SymoConfig, mult: int, device: torch.device, dtype: torch.
     from symo.runtime.compiled import BlockInfo
 
     block = BlockInfo("b", "test", 1, mult, width, width, str(width), ("w",))
-    return KINDS[cfg.kind][1](cfg).backend_for(block, 0, device, dtype)
+    return KINDS[cfg.kind][1](cfg).backend_for(block, 0, device, dtype).label  # its matrix function's name
 
 
 def test_auto_backend_rule_for_stored_statistics():

@@ -14,15 +14,23 @@ from symo.optim import SymoConfig
 from symo.optim.checks import choice_problem
 from symo.optim.config import FEATURES, FLAT
 from symo.optim.kinds import KINDS
+from symo.optim.matrix_function_configs import MatrixFunction
 
 # options whose annotation is not a plain type (a spec, an inner kind's config, a refresh method): tested with their
 # kinds (test_kinds, test_soap, test_bad_input)
 SPECIAL = {"geometric_mean_with", "inner", "refresh"}
 
 
+def is_config(hint: object) -> bool:
+    """A matrix-function config class (NewtonSchulz, Eigh, ...)."""
+    return isinstance(hint, type) and issubclass(hint, MatrixFunction)
+
+
 def wrong_values(hint: object) -> list[object]:
     """Values no option annotated `hint` may take."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if is_config(hint):
+        return [3, "x"]
     if hint is bool:
         return [1, "yes"]
     if hint is int:
@@ -40,6 +48,8 @@ def wrong_values(hint: object) -> list[object]:
             return ["0.1"]
         if bool in args and any(typing.get_origin(a) is typing.Literal for a in args):
             return [3]
+        if any(is_config(a) for a in args) and any(typing.get_origin(a) is typing.Literal for a in args):
+            return [3, None]  # a matrix function: its configs or their string spellings
     return []
 
 
@@ -78,15 +88,23 @@ def choices_of(hint: object) -> tuple[object, ...] | None:
                  for c in (typing.get_args(m) if typing.get_origin(m) is typing.Literal else listed.get(m, ())))
 
 
-def choice_options() -> list[tuple[dict, str, tuple[object, ...]]]:
-    """(the SymoConfig keywords that select the option's holder, the option's flat name, its choices) for every
-    choice option of every kind (a composing kind's inner kinds' options reached through it too) and of every
+def configs_said(hint: object) -> str:
+    """What a choice option's message adds for the matrix-function configs its union holds."""
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    configs = [f"{m.__name__}({'...' if fields(m) else ''})" for m in members if is_config(m)]
+    return f" or a config {', '.join(configs)} (symo.optim)" if configs else ""
+
+
+def choice_options() -> list[tuple[dict, str, tuple[object, ...], str]]:
+    """(the SymoConfig keywords that select the option's holder, the option's flat name, its choices, what its
+    message adds for configs) for every choice option of every kind (a composing kind's inner kinds' options
+    reached through it too, and the flat keywords that set a matrix-function config's choice field) and of every
     feature config."""
     flat_of = {(feature, fld): name for name, (feature, fld) in FLAT.items()}
     out = []
     for feature, cls in FEATURES.items():
         hints = typing.get_type_hints(cls)
-        out += [({}, flat_of[feature, f.name], choices_of(hints[f.name])) for f in fields(cls)
+        out += [({}, flat_of[feature, f.name], choices_of(hints[f.name]), "") for f in fields(cls)
                 if choices_of(hints[f.name]) is not None]
     for kind, (cls, _) in KINDS.items():
         holders = [({"preconditioner": kind}, cls)] + [({"preconditioner": kind, "inner": inner}, type(make()))
@@ -97,7 +115,12 @@ def choice_options() -> list[tuple[dict, str, tuple[object, ...]]]:
             for f in fields(holder):
                 if f.name not in seen and choices_of(hints[f.name]) is not None:
                     seen.add(f.name)
-                    out.append((select, f.name, choices_of(hints[f.name])))
+                    out.append((select, f.name, choices_of(hints[f.name]), configs_said(hints[f.name])))
+            for name, (_, config, attribute) in holder.shortcuts.items():
+                hint = typing.get_type_hints(config)[attribute]
+                if name not in seen and choices_of(hint) is not None:
+                    seen.add(name)
+                    out.append((select, name, choices_of(hint), ""))
     return out
 
 
@@ -105,15 +128,15 @@ CHOICES = choice_options()
 
 
 def test_the_choice_options_are_found():
-    names = {name for _, name, _ in CHOICES}
+    names = {name for _, name, _, _ in CHOICES}
     assert {"update_scale", "batch_blocks", "distributed_mode", "distributed_comm_dtype", "backend", "ns_method",
-            "statistic", "damping_scope", "first_step", "eps_placement"} <= names, names
+            "ns_dtype", "statistic", "damping_scope", "first_step", "eps_placement"} <= names, names
 
 
-@pytest.mark.parametrize("select,name,choices", CHOICES,
+@pytest.mark.parametrize("select,name,choices,configs", CHOICES,
                          ids=[f"{s.get('preconditioner', 'feature')}{'+' + s['inner'] if 'inner' in s else ''}.{n}"
-                              for s, n, _ in CHOICES])
-def test_a_value_outside_the_choices_is_refused_listing_them(select, name, choices):
+                              for s, n, _, _ in CHOICES])
+def test_a_value_outside_the_choices_is_refused_listing_them(select, name, choices, configs):
     """Every choice option, found from the annotations (a new one is covered without touching this test), refuses
     a value of its choices' type that is not one of them (ValueError), and a value of another type (TypeError),
     both naming it as the user passes it and listing its choices."""
@@ -123,10 +146,10 @@ def test_a_value_outside_the_choices_is_refused_listing_them(select, name, choic
     wrong_choice = "not_a_choice"
     with pytest.raises(ValueError) as err:
         SymoConfig(**select, **{name: wrong_choice})
-    assert str(err.value) == f"{name} must be one of {listed}; got 'not_a_choice'"
+    assert str(err.value) == f"{name} must be one of {listed}{configs}; got 'not_a_choice'"
     with pytest.raises(TypeError) as err:
         SymoConfig(**select, **{name: 2.5})
-    assert str(err.value) == f"{name} must be one of {listed}; got 2.5"
+    assert str(err.value) == f"{name} must be one of {listed}{configs}; got 2.5"
 
 
 def test_a_union_holding_choices_takes_a_value_of_any_member():
@@ -140,3 +163,22 @@ def test_a_union_holding_choices_takes_a_value_of_any_member():
     wrong = choice_problem("n", int | typing.Literal["auto"], 2.5)
     assert isinstance(wrong, TypeError) and str(wrong) == "n must be an int or one of 'auto'; got 2.5"
     assert choice_problem("n", int, "x") is None  # not a choice option: type_problem's
+
+
+CONFIG_CLASSES = [cls for cls in vars(__import__("symo.optim.matrix_function_configs", fromlist=["x"])).values()
+                  if isinstance(cls, type) and issubclass(cls, MatrixFunction) and cls is not MatrixFunction]
+CONFIG_CASES = [(cls, f.name, value) for cls in CONFIG_CLASSES for f in fields(cls)
+                for value in wrong_values(typing.get_type_hints(cls)[f.name]) or [3]]
+
+
+def test_every_matrix_function_config_is_swept():
+    assert {c.__name__ for c in CONFIG_CLASSES} == {"Auto", "CoupledNewton", "Eigh", "NewtonSchulz", "PowerQR"}
+
+
+@pytest.mark.parametrize("cls,name,value", CONFIG_CASES, ids=[f"{c.__name__}.{n}={v!r}" for c, n, v in CONFIG_CASES])
+def test_a_wrongly_typed_matrix_function_field_is_refused_naming_it(cls, name, value):
+    """Every field of every matrix-function config (NewtonSchulz(steps=2.5), Auto(iteration=3), ...) refuses a value
+    of the wrong type, naming the field as Class.field."""
+    with pytest.raises((TypeError, ValueError)) as err:
+        cls(**{name: value})
+    assert f"{cls.__name__}.{name}" in str(err.value), str(err.value)

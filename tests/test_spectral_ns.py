@@ -185,8 +185,8 @@ def test_ns_method_validation() -> None:
         Symo(model.named_parameters(), SPECS / "muon.toml", ns_method="spectral", ns_dtype="bfloat16")
     big = (FLOAT64_EIGH_MAX + 1, FLOAT64_EIGH_MAX + 1)  # the cost model's spectral case
     opt = Symo(model.named_parameters(), SPECS / "muon.toml", ns_dtype="bfloat16")  # auto + bf16 iterates
-    assert ns_method(big, torch.device("cpu"), opt.config) == "iterate"
+    assert ns_method(big, torch.device("cpu"), opt.config.backend.iteration) == "iterate"
     opt = Symo(model.named_parameters(), SPECS / "muon.toml")
-    assert ns_method(big, torch.device("cpu"), opt.config) == "spectral"
+    assert ns_method(big, torch.device("cpu"), opt.config.backend.iteration) == "spectral"
     for device in ("cuda", "meta"):
-        assert ns_method(big, torch.device(device), opt.config) == "iterate"
+        assert ns_method(big, torch.device(device), opt.config.backend.iteration) == "iterate"

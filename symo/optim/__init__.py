@@ -5,7 +5,8 @@
   eigen_adam, then_orthogonalize), each with its config dataclass;
 - config.py: `SymoConfig` and its per-feature dataclasses; presets.py: the named configurations;
 - plan.py: the per-block plan made at construction;
-- matrix_functions.py: the per-block matrix-function backends; adamw.py: the AdamW fallback;
+- matrix_function_configs.py: the matrix functions as frozen configs (Eigh, PowerQR, NewtonSchulz, CoupledNewton,
+  Auto); matrix_functions.py: their per-block evaluation; adamw.py: the AdamW fallback;
 - checks.py: input and state-dict checks; report.py: `describe()` and `memory_report()`;
 - distributed.py: several processes (FSDP2, DDP): coupling components, their owners, the exchanges.
 
@@ -25,6 +26,7 @@ _LAZY = {
     "PRESETS": ".presets", "Preset": ".presets", "get_preset": ".presets", "KINDS": ".kinds",
     "PolarConfig": ".kinds", "RootConfig": ".kinds", "TaylorConfig": ".kinds", "PublishedConfig": ".kinds",
     "EigenAdamConfig": ".kinds", "ThenOrthogonalizeConfig": ".kinds",
+    **{name: ".matrix_function_configs" for name in ("Auto", "CoupledNewton", "Eigh", "NewtonSchulz", "PowerQR")},
 }
 __all__ = sorted(_LAZY)
 

@@ -16,6 +16,7 @@ import torch
 
 from ..compiler import Spec
 from ..runtime.compiled import CompiledSpec
+from .matrix_function_configs import MatrixFunction
 
 if TYPE_CHECKING:
     from .plan import Stage
@@ -49,6 +50,16 @@ def _of_type(value: object, example: object) -> bool:
     return isinstance(value, type(example))
 
 
+def _config_class(hint: object) -> bool:
+    """`hint` is a matrix-function config class (Eigh, NewtonSchulz, ...: symo.optim.matrix_function_configs)."""
+    return isinstance(hint, type) and issubclass(hint, MatrixFunction)
+
+
+def _config_word(hint: type) -> str:
+    """How a message names a config class: Eigh(), NewtonSchulz(...)."""
+    return f"{hint.__name__}({'...' if fields(hint) else ''})"
+
+
 def _is_choice(value: object, choices: tuple[object, ...]) -> bool:
     return any(_of_type(value, c) and value == c for c in choices)
 
@@ -73,8 +84,12 @@ def choice_problem(name: str, hint: object, value: object) -> TypeError | ValueE
     if any(type_problem(m, value) is None for m in others):
         return None  # allowed by a member that is not a list of choices (an int, a class)
     said = ", ".join(repr(c) for c in choices)
+    configs = [_config_word(m) for m in others if _config_class(m)]
+    others = [m for m in others if not _config_class(m)]
     wanted = f"one of {said}" if not others else " or ".join(
         [p for p in (type_problem(m, _NOTHING) for m in others) if p] + [f"one of {said}"])
+    if configs:  # a matrix function: its string spellings or its configs
+        wanted += f" or a config {', '.join(configs)} (symo.optim)"
     message = f"{name} must be {wanted}; got {value!r}"
     same_type = any(_of_type(value, c) for c in choices)
     return ValueError(message) if same_type else TypeError(message)
@@ -84,6 +99,8 @@ def type_problem(hint: object, value: object) -> str | None:
     """What a value of option type `hint` must be, when `value` is not one (None: it is, or the type is one
     that the config checks itself: a class, a spec, a union of classes). Choices (Literal) are `choice_problem`'s."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if _config_class(hint):
+        return None if isinstance(value, hint) else _config_word(hint)
     if hint is bool:
         return None if isinstance(value, bool) else "True or False"
     if hint is int:

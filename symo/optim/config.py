@@ -146,7 +146,7 @@ FLAT: dict[str, tuple[str, str]] = {
 
 def _kind_options(cls: type[KindConfig]) -> tuple[str, ...]:
     """Every option a kind can have: its fields and, for a composing kind, those of each kind it can hold."""
-    own = tuple(f.name for f in fields(cls))
+    own = cls.own_options()
     inner = (n for make in cls.inner_kinds.values() for n in _kind_options(type(make())))
     return tuple(dict.fromkeys((*own, *inner)))
 
@@ -190,7 +190,7 @@ def make_kind_config(value: Any, changes: dict[str, Any]) -> KindConfig:
 def configured(base: KindConfig, changes: dict[str, Any]) -> KindConfig:
     """`base` with `changes` applied: its own fields here, the others to the inner kind's config of a composing
     kind (`inner="name"` first, which starts that kind from its default)."""
-    own = {f.name for f in fields(base)}
+    own = set(base.own_options())
     mine = {k: v for k, v in changes.items() if k in own}
     rest = {k: v for k, v in changes.items() if k not in own}
     if isinstance(mine.get("inner"), str) and mine["inner"] in base.inner_kinds:
@@ -201,11 +201,11 @@ def configured(base: KindConfig, changes: dict[str, Any]) -> KindConfig:
             raise not_an_option(next(iter(rest)), base.kind)
         for name in rest:
             if name not in inner.option_names():
-                names = [f.name for f in fields(base)] + [n for n in inner.option_names() if n not in own]
+                names = list(base.own_options()) + [n for n in inner.option_names() if n not in own]
                 raise TypeError(f"{name} is not an option of preconditioner {base.kind!r} with inner {inner.kind!r}; "
                                 f"its options are {names}")
         mine["inner"] = configured(inner, rest)
-    return replace(base, **mine)
+    return base.with_options(mine)
 
 
 @dataclass(init=False, repr=False, eq=False)
@@ -267,7 +267,12 @@ class SymoConfig:
                              "and the kind's options")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Set one option in place (a schedule that changes `power` during training); not re-validated."""
+        """Set one option in place (a schedule that changes `power` during training); not re-validated. The matrix
+        functions (`backend` and its flat keywords) are fixed at construction: each block's plan holds its own."""
+        holder = self.preconditioner.holder(name) if name not in FLAT else None
+        if holder is not None and (name in holder.matrix_functions or name in holder.shortcuts):
+            raise AttributeError(f"{name} is fixed when the optimizer is built (each block's plan holds its matrix "
+                                 f"function): build a new optimizer with opt.config.replace({name}=...)")
         if name in FLAT:
             feature, fld = FLAT[name]
             setattr(getattr(self, feature), fld, value)

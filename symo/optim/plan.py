@@ -1,7 +1,7 @@
 """The block plan: what Symo decides once, at construction, for every block of its compiled spec(s).
 
 A `Stage` is one compiled spec (two for a geometric mean); each of its blocks gets a `BlockPlan`: its
-sizes, its parameters, its matrix-function backend (chosen by the kind) and whether its Y is the transpose
+sizes, its parameters, its matrix function (a config chosen by the kind) and whether its Y is the transpose
 of one square weight. Values a schedule may change (the power, the betas, the update scale) are not copied
 here: the kinds read them from the optimizer's config at every step.
 """
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runtime.compiled import BlockInfo, CompiledSpec
+from .matrix_function_configs import MatrixFunction
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,9 @@ class BlockPlan:
     batch: int
     mult: int
     width: int
-    backend: str
-    """"eigh" or "newton_schulz" (the kind's backend option resolved for this block)."""
+    backend: MatrixFunction
+    """The block's matrix function: the kind's `backend` resolved for this block (Auto decided), Eigh() or the
+    iteration's config (NewtonSchulz(...), CoupledNewton(...)); `label` names it in `describe()`."""
     params: tuple[str, ...]
     dof: int
     """mult * d: the entries of one batch element's update (its RMS for update_scale="adamw")."""
@@ -51,7 +53,7 @@ class Stage:
     blocks: dict[str, BlockPlan] = field(default_factory=dict)
 
 
-def build_stages(specs: list[CompiledSpec], backend_for: Callable[[BlockInfo, int], str]) -> list[Stage]:
+def build_stages(specs: list[CompiledSpec], backend_for: Callable[[BlockInfo, int], MatrixFunction]) -> list[Stage]:
     """The plan for `specs` (the spec, and a geometric-mean partner); `backend_for(block, stage)` is the kind's."""
     stages = [Stage(comp, "symo_blocks" if k == 0 else "symo_gm_blocks") for k, comp in enumerate(specs)]
     for k, stage in enumerate(stages):

@@ -13,6 +13,7 @@ from ..runtime.compiled import BlockInfo
 from ..runtime.text import fit_lines, summarize_names
 from .config import ADAMW_LR, SymoConfig
 from .kinds.base import update_scale_factor
+from .matrix_function_configs import NewtonSchulz
 from .matrix_functions import ns_method
 from .plan import BlockPlan
 
@@ -52,9 +53,9 @@ def describe(opt: Symo) -> str:
         for b in stage.compiled.blocks:
             c = stage.blocks[b.id]
             tag = f"[{stage.compiled.name}] " if len(stages) > 1 else ""
-            backend = c.backend
-            if backend == "newton_schulz" and cfg.kind in ("polar", "then_orthogonalize"):
-                backend += f" ({ns_method((b.mult, b.width), device, cfg.preconditioner)})"
+            backend = c.backend.label
+            if isinstance(c.backend, NewtonSchulz):
+                backend += f" ({ns_method((b.mult, b.width), device, c.backend)})"
             unit = unit_rms(b, c, cfg, len(stages))
             lines.append(f"  {tag}{b.id} {b.name}: Y {b.batch}x{b.mult}x{b.width}, d={b.dim}"
                          + ("" if unit is None else f", lr_eff={lr * unit:.3g}")

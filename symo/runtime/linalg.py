@@ -308,7 +308,7 @@ def eigh_basis(average: torch.Tensor, descending: bool) -> torch.Tensor:
 
 def power_qr_basis(average: torch.Tensor, previous: torch.Tensor, iterations: int = 1, lift: float | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SOAP's refresh of an eigenbasis (symo.optim.bases.PowerQR): the previous basis's columns sorted by their
+    """SOAP's refresh of an eigenbasis (symo.optim.PowerQR): the previous basis's columns sorted by their
     estimated eigenvalues diag(Q^T A Q), descending (the order is returned, for the state kept per column), then
     `iterations` times Q <- qr(A Q).Q, the first product shifted by heavyball's lift when `lift` is a number."""
     q = previous.to(average.dtype)

@@ -16,15 +16,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal
 
 import torch
 
 from ...runtime.compiled import BlockInfo
-from ...runtime.linalg import MUON_COEFFS, zero_threshold
+from ...runtime.linalg import zero_threshold
 from ..checks import check_types, raise_first
+from ..matrix_function_configs import Auto, Eigh, MatrixFunction, NewtonSchulz, iteration_of, spelled
 from ..plan import BlockPlan
+
+
+def _holding(value: object, config: type) -> MatrixFunction | None:
+    """The config of class `config` that a matrix-function field's value holds: the value itself or its Auto's
+    iteration; None when it holds none (ns_steps against Eigh())."""
+    if isinstance(value, config):
+        return value
+    held = iteration_of(value) if isinstance(value, MatrixFunction) else None
+    return held if isinstance(held, config) else None
 
 
 # ------------------------------------------------------------------ option groups of the kind configs
@@ -38,9 +48,67 @@ class KindConfig:
     kind: ClassVar[str] = ""
     inner_kinds: ClassVar[dict[str, Callable[[], KindConfig]]] = {}
     """A composing kind: {inner kind name: its default config}, for `inner="name"`."""
+    matrix_functions: ClassVar[dict[str, type]] = {}
+    """The fields that hold a matrix function (symo.optim.matrix_function_configs) and the iteration each field's
+    string spelling "newton_schulz" (and "auto") stands for: {"backend": NewtonSchulz} for a polar factor."""
+    shortcuts: ClassVar[dict[str, tuple[str, type, str]]] = {}
+    """Flat keywords for one field of a matrix-function config this kind holds: {keyword: (the kind's field, the
+    config class, that class's field)}, e.g. ns_steps -> ("backend", NewtonSchulz, "steps"). They are read and set
+    like options (`Symo(..., ns_steps=3)`, `cfg.ns_steps`); a shortcut whose config the field does not hold (ns_steps
+    with backend=Eigh()) is checked and sets nothing, and reads that config's default. This table is the one place
+    where the flat keywords are mapped."""
 
     def __post_init__(self) -> None:
+        for name, iteration in self.matrix_functions.items():
+            setattr(self, name, spelled(getattr(self, name), iteration))
         check_types(self)
+        for name, iteration in self.matrix_functions.items():
+            held = iteration_of(getattr(self, name))
+            raise_first([(held is None or isinstance(held, iteration),
+                          f"{name}={getattr(self, name)!r}: preconditioner {self.kind!r} iterates with "
+                          f"{iteration.__name__}(...), not {type(held).__name__}; pass {iteration.__name__}(...), "
+                          f"Auto(iteration={iteration.__name__}(...)) or Auto()")])
+
+    def __getattr__(self, name: str) -> Any:  # only for names that are not attributes: the shortcuts
+        shortcut = type(self).shortcuts.get(name)
+        if shortcut is None or shortcut[0] not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        held, config, attribute = shortcut
+        target = _holding(self.__dict__[held], config)
+        return getattr(config() if target is None else target, attribute)
+
+    @classmethod
+    def own_options(cls) -> tuple[str, ...]:
+        """This kind's own options: its fields, each followed by its shortcuts."""
+        return tuple(n for f in fields(cls)
+                     for n in (f.name, *(k for k, (held, _, _) in cls.shortcuts.items() if held == f.name)))
+
+    def with_options(self, changes: dict[str, Any]) -> KindConfig:
+        """A copy with `changes` to its own options (fields and shortcuts) applied and checked. A string spelling of
+        a matrix function keeps the settings of the config it replaces (`backend="auto"` after ns_steps=3 keeps 3);
+        the shortcuts apply after the fields."""
+        own = {k: (spelled(v, self.matrix_functions[k], getattr(self, k)) if k in self.matrix_functions else v)
+               for k, v in changes.items() if k not in self.shortcuts}
+        out = replace(self, **own)
+        grouped: dict[tuple[str, type], dict[str, tuple[str, Any]]] = {}
+        for name, value in changes.items():
+            if name in self.shortcuts:
+                held, config, attribute = self.shortcuts[name]
+                grouped.setdefault((held, config), {})[attribute] = (name, value)
+        updates: dict[str, Any] = {}
+        for (held, config), values in grouped.items():
+            current = updates.get(held, getattr(out, held))
+            target = _holding(current, config)
+            try:
+                made = replace(config() if target is None else target, **{a: v for a, (_, v) in values.items()})
+            except (TypeError, ValueError) as err:  # the config's message, in the flat keywords' names
+                message = str(err)
+                for attribute, (name, _) in values.items():
+                    message = message.replace(f"{config.__name__}.{attribute}", name)
+                raise type(err)(message) from None
+            if target is not None:
+                updates[held] = made if target is current else replace(current, iteration=made)
+        return replace(out, **updates) if updates else out
 
     @property
     def composed(self) -> KindConfig | None:
@@ -49,14 +117,15 @@ class KindConfig:
         return inner if isinstance(inner, KindConfig) else None
 
     def option_names(self) -> tuple[str, ...]:
-        """Every option of this config: its own fields, then the inner kind's that it does not have itself."""
-        own = tuple(f.name for f in fields(self))
+        """Every option of this config: its own (fields and shortcuts), then the inner kind's that it does not have
+        itself."""
+        own = self.own_options()
         inner = self.composed
         return own if inner is None else own + tuple(n for n in inner.option_names() if n not in own)
 
     def holder(self, name: str) -> KindConfig | None:
         """The config that holds option `name` (this one, or the inner kind's); None if neither has it."""
-        if name in {f.name for f in fields(self)}:
+        if name in self.own_options():
             return self
         inner = self.composed
         return None if inner is None else inner.holder(name)
@@ -138,37 +207,21 @@ class PowerOptions(KindConfig):
 
 
 @dataclass
-class NewtonSchulzOptions(KindConfig):
+class PolarFactorOptions(KindConfig):
     """How a polar factor is computed (the Muon path and the last step of then_orthogonalize)."""
 
-    backend: Literal["auto", "eigh", "newton_schulz"] = "auto"
-    """newton_schulz: Muon's quintic iteration on Y; eigh: the exact polar factor through the smaller Gram
-    side's eigendecomposition; auto: the quintic for blocks whose Gram side exceeds eigh_max_size, eigh
-    elsewhere."""
-    eigh_max_size: int = 128
-    """auto backend: the largest Gram side solved by eigh."""
-    ns_steps: int = 5
-    """Newton–Schulz steps (Muon: 5)."""
-    ns_coeffs: tuple[float, float, float] = MUON_COEFFS
-    """Newton–Schulz coefficients (a, b, c): Muon's quintic; (1.5, -0.5, 0) is the exactly convergent cubic."""
-    ns_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Precision of the iterations (Muon runs them in bfloat16 on GPUs); input and output keep their dtype."""
-    ns_method: Literal["auto", "iterate", "spectral"] = "auto"
-    """iterate: the matrix-product iteration, as Muon runs it. spectral: the same polynomial map through one
-    eigh of the smaller Gram (cheaper on CPU for large or wide blocks). auto: spectral on CPU when ns_dtype
-    is float32 and linalg.spectral_ns_is_cheaper says so for the block's shape, iterate elsewhere."""
+    backend: Auto | Eigh | NewtonSchulz | Literal["auto", "eigh", "newton_schulz"] = Auto()
+    """NewtonSchulz(steps=5, coeffs=MUON_COEFFS, dtype="float32", method="auto"): Muon's quintic iteration on Y.
+    Eigh(): the exact polar factor through the smaller Gram side's eigendecomposition. Auto(eigh_max_size=128): the
+    iteration (Auto's `iteration`, NewtonSchulz() by default) for blocks whose Gram side exceeds eigh_max_size, eigh
+    elsewhere. The strings "newton_schulz", "eigh", "auto" spell these; the flat keywords eigh_max_size, ns_steps,
+    ns_coeffs, ns_dtype, ns_method set their fields (`shortcuts`)."""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        raise_first([
-            (self.ns_method != "spectral" or self.ns_dtype == "float32",
-             "ns_method='spectral' evaluates Newton-Schulz through a float32/float64 eigh; ns_dtype='bfloat16' "
-             "applies to the iteration only: use ns_method='iterate' (or 'auto') with bfloat16"),
-            (self.eigh_max_size >= 1, f"eigh_max_size must be >= 1, got {self.eigh_max_size}"),
-            (self.ns_steps >= 1, f"ns_steps must be >= 1, got {self.ns_steps}"),
-            (len(self.ns_coeffs) == 3 and all(math.isfinite(c) for c in self.ns_coeffs),
-             f"ns_coeffs must be three finite numbers (a, b, c), got {self.ns_coeffs!r}"),
-        ])
+    matrix_functions: ClassVar[dict[str, type]] = {"backend": NewtonSchulz}
+    shortcuts: ClassVar[dict[str, tuple[str, type, str]]] = {
+        "eigh_max_size": ("backend", Auto, "eigh_max_size"), "ns_steps": ("backend", NewtonSchulz, "steps"),
+        "ns_coeffs": ("backend", NewtonSchulz, "coeffs"), "ns_dtype": ("backend", NewtonSchulz, "dtype"),
+        "ns_method": ("backend", NewtonSchulz, "method")}
 
 
 @dataclass
@@ -265,9 +318,11 @@ class Kind:
         """The vectors the step must provide: the carried ones and the statistic's."""
         return tuple(dict.fromkeys((*self.carried, self.statistic_key())))
 
-    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype) -> str:
-        """The matrix-function backend of one block, decided at construction."""
-        return "eigh"
+    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype
+                    ) -> MatrixFunction:
+        """The matrix function of one block (Eigh(), or the iteration config of the kind's backend), decided at
+        construction: the block plan holds it."""
+        return Eigh()
 
     def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:
         """The block's persistent state: {key: tensor shape} (None: a plain number such as the step count)."""
@@ -341,7 +396,7 @@ def statistic_shape(block: BlockInfo | BlockPlan, cap: int) -> tuple[int, ...]:
     return (block.batch, block.mult, 1) if block.mult > cap else (block.batch, block.mult, block.mult)
 
 
-def diagonal_power(diag: torch.Tensor, power: float, damping: float, absolute: bool) -> torch.Tensor:
+def diagonal_power(diag: torch.Tensor, *, power: float, damping: float, absolute: bool) -> torch.Tensor:
     """The power of a diagonal statistic (batch, mult, 1), with the conventions of linalg.spectral_fn: zeros
     to working precision map to zero, damping is relative to the block's largest entry (or absolute)."""
     lam = diag.amax(dim=-2, keepdim=True).clamp_min(0)

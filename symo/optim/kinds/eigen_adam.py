@@ -37,8 +37,8 @@ import torch
 
 from ...runtime.compiled import BlockInfo
 from ...runtime.linalg import eigh_basis, power_qr_basis, zero_threshold
-from ..bases import BasisRefresh, Eigh, PowerQR
 from ..checks import raise_first
+from ..matrix_function_configs import BasisRefresh, Eigh, PowerQR
 from .base import AdamOptions, AveragedOptions, BlockStep, Kind, StepContext, batched, finish
 
 # a side of a block: (its statistic's state key, its basis's state key, the axis of V it rotates)
@@ -80,22 +80,22 @@ class EigenAdamConfig(AveragedOptions, AdamOptions):
         super().__post_init__()
         raise_first([
             (isinstance(self.refresh, (Eigh, PowerQR)),
-             f"refresh must be symo.optim.bases.PowerQR(...) or Eigh(), got {self.refresh!r}"),
+             f"refresh must be symo.optim.PowerQR(...) or Eigh(), got {self.refresh!r}"),
             (self.null_directions == "keep" or isinstance(self.refresh, Eigh),
              "null_directions='drop' zeroes basis columns, which a power-iteration refresh cannot start from: "
-             "pass refresh=symo.optim.bases.Eigh() with it"),
+             "pass refresh=symo.optim.Eigh() with it"),
             (not (self.two_sided and self.geometric_mean_with is not None),
              "two_sided=True takes the other side from the same spec; geometric_mean_with= takes it from a second "
              "spec: pass one of them"),
         ])
 
 
-def first_basis(refresh: BasisRefresh, average: torch.Tensor) -> torch.Tensor:
+def first_basis(*, refresh: BasisRefresh, average: torch.Tensor) -> torch.Tensor:
     """A block's first basis under `refresh`: an eigh, in the column order its later refreshes keep."""
     return eigh_basis(average, descending=isinstance(refresh, PowerQR))
 
 
-def next_basis(refresh: BasisRefresh, average: torch.Tensor, previous: torch.Tensor
+def next_basis(*, refresh: BasisRefresh, average: torch.Tensor, previous: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The refreshed basis and, where its columns were reordered, their order (batch, n) (None: kept in place)."""
     if isinstance(refresh, PowerQR):
@@ -192,7 +192,8 @@ class EigenAdam(Kind):
         for key, basis_key, axis in SIDES:
             side = [b for b in blocks if key in b.state]
             first = [b for b in side if basis_key not in b.state]
-            for b, q in zip(first, batched(lambda a: first_basis(o.refresh, a), [b.state[key] for b in first])):
+            firsts = batched(lambda a: first_basis(refresh=o.refresh, average=a), [b.state[key] for b in first])
+            for b, q in zip(first, firsts):
                 b.state[basis_key] = self.kept(q, b.state[key])
             new = {id(b) for b in first}
             again = [b for b in side if id(b) not in new]
@@ -208,7 +209,7 @@ class EigenAdam(Kind):
 
     def refreshed(self, pair: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch of (statistic, previous basis) pairs (batch, 2, n, n) -> (new basis, column order)."""
-        q, order = next_basis(self.options.refresh, pair[:, 0], pair[:, 1])
+        q, order = next_basis(refresh=self.options.refresh, average=pair[:, 0], previous=pair[:, 1])
         return q, (torch.arange(q.shape[-1], device=q.device).expand(q.shape[:-1]) if order is None else order)
 
     def kept(self, basis: torch.Tensor, average: torch.Tensor) -> torch.Tensor:

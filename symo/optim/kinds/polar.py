@@ -12,13 +12,14 @@ import torch
 
 from ...runtime.compiled import BlockInfo
 from ..checks import raise_first
+from ..matrix_function_configs import Auto, CoupledNewton, Eigh, MatrixFunction, NewtonSchulz
 from ..matrix_functions import current_statistic_apply
 from ..plan import stack_blocks
 from .base import (
     BlockStep,
     DampingOptions,
     Kind,
-    NewtonSchulzOptions,
+    PolarFactorOptions,
     PowerOptions,
     StatisticOptions,
     StepContext,
@@ -28,31 +29,35 @@ from .base import (
 
 
 @dataclass
-class PolarConfig(StatisticOptions, DampingOptions, NewtonSchulzOptions, PowerOptions):
+class PolarConfig(StatisticOptions, DampingOptions, PolarFactorOptions, PowerOptions):
     """The current statistic, used at once (Muon's step). power -1/2 is the polar factor; another power goes
-    through the Gram side's eigh."""
+    through the Gram side's eigh. `backend` is the polar factor's matrix function (PolarFactorOptions: Auto(),
+    Eigh(), NewtonSchulz(...), or their strings); `inverse_root` the gradient statistic's."""
 
     kind: ClassVar[str] = "polar"
-    ns_inverse_steps: int = 25
-    """statistic="gradient" with the newton_schulz backend: coupled Newton–Schulz steps for S^{-1/2}."""
+    inverse_root: CoupledNewton = CoupledNewton()
+    """statistic="gradient" on the blocks that take the iteration: the coupled Newton–Schulz iteration for S^{-1/2}
+    (flat keyword: ns_inverse_steps, its steps)."""
+    shortcuts: ClassVar[dict[str, tuple[str, type, str]]] = {
+        **PolarFactorOptions.shortcuts, "ns_inverse_steps": ("inverse_root", CoupledNewton, "steps")}
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        raise_first([(self.backend != "newton_schulz" or self.power == -0.5,
-                      "the newton_schulz backend computes the -1/2 power only (power = -0.5)"),
-                     (self.ns_inverse_steps >= 1, f"ns_inverse_steps must be >= 1, got {self.ns_inverse_steps}")])
+        raise_first([(not isinstance(self.backend, NewtonSchulz) or self.power == -0.5,
+                      "the newton_schulz backend computes the -1/2 power only (power = -0.5)")])
 
 
 class Polar(Kind):
     name = "polar"
     stateful = False
 
-    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype) -> str:
+    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype
+                    ) -> MatrixFunction:
         o = self.options
-        if o.backend != "auto":
+        if not isinstance(o.backend, Auto):
             return o.backend
-        large = o.power == -0.5 and min(block.mult, block.width) > o.eigh_max_size
-        return "newton_schulz" if large else "eigh"
+        large = o.power == -0.5 and min(block.mult, block.width) > o.backend.eigh_max_size
+        return o.backend.iteration if large else Eigh()
 
     def apply(self, stage: int, direction: str, blocks: list[BlockStep], ctx: StepContext
               ) -> list[dict[str, torch.Tensor]]:
@@ -60,8 +65,9 @@ class Polar(Kind):
         absolute = o.damping_mode == "absolute"
 
         def one(y: torch.Tensor, s: torch.Tensor, b: BlockStep) -> torch.Tensor:
-            z, extra = current_statistic_apply(y, s, b.plan, nso=o, power=o.power, damping=o.damping,
-                                               absolute=absolute, stats_dtype=ctx.stats_dtype)
+            z, extra = current_statistic_apply(y, statistic=s, plan=b.plan, power=o.power, damping=o.damping,
+                                               absolute=absolute, stats_dtype=ctx.stats_dtype,
+                                               inverse_root=o.inverse_root)
             return finish(z, b.plan, cfg.update_scale, cfg.adamw_rms,
                           update_scale_factor(b.plan, cfg.update_scale, o.power, True) * extra)
 

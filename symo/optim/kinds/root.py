@@ -14,6 +14,7 @@ import torch
 from ...runtime.compiled import BlockInfo
 from ...runtime.linalg import ns_inverse_root_min_damping
 from ..checks import raise_first
+from ..matrix_function_configs import Auto, CoupledNewton, Eigh, MatrixFunction
 from ..matrix_functions import stored_power
 from .base import (
     AveragedOptions,
@@ -41,22 +42,23 @@ class RootConfig(AveragedOptions, DampingOptions, PowerOptions):
     geometric_mean_with: Any = None
     """A second spec whose curvature commutes with the first (specs/shampoo_cols.toml with
     specs/shampoo_rows.toml): each stage applies its own A^{power/2}, two-sided Shampoo L^{-1/4} G R^{-1/4}."""
-    backend: Literal["auto", "eigh", "newton_schulz"] = "auto"
-    """eigh (exact; float64 up to linalg.FLOAT64_EIGH_MAX), newton_schulz (the coupled inverse-root
-    iteration, power -1/2 only, where its damping makes it accurate), or auto: the iteration only where it is
-    both cheaper and accurate (an accelerator, a Gram side above eigh_max_size, relative damping at or above
-    linalg.ns_inverse_root_min_damping); eigh elsewhere (on CPU eigh is cheaper at every size)."""
-    eigh_max_size: int = 128
-    ns_inverse_steps: int = 25
-    """Coupled Newton–Schulz steps for A^{-1/2}."""
+    backend: Auto | Eigh | CoupledNewton | Literal["auto", "eigh", "newton_schulz"] = Auto()
+    """Eigh() (exact; float64 up to linalg.FLOAT64_EIGH_MAX), CoupledNewton(steps=25) (the coupled inverse-root
+    iteration, power -1/2 only, where its damping makes it accurate), or Auto(eigh_max_size=128): the iteration
+    only where it is both cheaper and accurate (an accelerator, a Gram side above eigh_max_size, relative damping at
+    or above linalg.ns_inverse_root_min_damping); eigh elsewhere (on CPU eigh is cheaper at every size). The strings
+    "eigh", "newton_schulz", "auto" spell these; the flat keywords eigh_max_size and ns_inverse_steps (the
+    iteration's steps) set their fields."""
+    matrix_functions: ClassVar[dict[str, type]] = {"backend": CoupledNewton}
+    shortcuts: ClassVar[dict[str, tuple[str, type, str]]] = {
+        "eigh_max_size": ("backend", Auto, "eigh_max_size"), "ns_inverse_steps": ("backend", CoupledNewton, "steps")}
 
     def __post_init__(self) -> None:
         super().__post_init__()
         raise_first([
-            (self.backend != "newton_schulz" or (self.power == -0.5 and self.geometric_mean_with is None),
+            (not isinstance(self.backend, CoupledNewton)
+             or (self.power == -0.5 and self.geometric_mean_with is None),
              "the newton_schulz backend computes the -1/2 power only (power = -0.5, no geometric mean)"),
-            (self.eigh_max_size >= 1, f"eigh_max_size must be >= 1, got {self.eigh_max_size}"),
-            (self.ns_inverse_steps >= 1, f"ns_inverse_steps must be >= 1, got {self.ns_inverse_steps}"),
         ])
 
 
@@ -70,14 +72,16 @@ class Root(Kind):
     def stage_power(self, n_stages: int) -> float:
         return self.options.power / n_stages
 
-    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype) -> str:
+    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype
+                    ) -> MatrixFunction:
         o = self.options
-        if o.backend != "auto":
+        if not isinstance(o.backend, Auto):
             return o.backend
-        large = (o.power == -0.5 and o.geometric_mean_with is None and block.mult > o.eigh_max_size
+        iteration = o.backend.iteration
+        large = (o.power == -0.5 and o.geometric_mean_with is None and block.mult > o.backend.eigh_max_size
                  and device.type != "cpu" and o.damping_mode == "relative"
-                 and o.damping >= ns_inverse_root_min_damping(o.ns_inverse_steps, stats_dtype))
-        return "newton_schulz" if large else "eigh"
+                 and o.damping >= ns_inverse_root_min_damping(iteration.steps, stats_dtype))
+        return iteration if large else Eigh()
 
     def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:
         stat = statistic_shape(block, self.options.max_precond_dim)
@@ -99,18 +103,20 @@ class Root(Kind):
     def refresh(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
         o = self.options
         power, absolute = self.stage_power(ctx.n_stages), o.damping_mode == "absolute"
-        by_backend: dict[str, list[BlockStep]] = {}
+        by_backend: dict[MatrixFunction, list[BlockStep]] = {}
         for b in blocks:
             if b.plan.mult > o.max_precond_dim:
-                b.state["precond"] = diagonal_power(b.scratch["average"], power, o.damping, absolute)
+                b.state["precond"] = diagonal_power(b.scratch["average"], power=power, damping=o.damping,
+                                                    absolute=absolute)
                 continue
-            by_backend.setdefault(b.plan.backend, []).append(b)
-        for backend, group in by_backend.items():
+            # a composing kind's plan holds its own matrix function (then_orthogonalize's polar factor): an inner
+            # root takes Eigh()
+            by_backend.setdefault(Eigh() if isinstance(o.backend, Eigh) else b.plan.backend, []).append(b)
+        for method, group in by_backend.items():
             where = group[0].plan.where if len(group) == 1 else f"{len(group)} blocks ({group[0].plan.where}, ...)"
-            backend = "eigh" if o.backend == "eigh" else backend
-            powers = batched(lambda a, backend=backend, where=where: stored_power(
-                a, power=power, backend=backend, where=where, damping=o.damping, absolute=absolute,
-                ns_inverse_steps=o.ns_inverse_steps), [b.scratch["average"] for b in group])
+            powers = batched(lambda a, method=method, where=where: stored_power(
+                a, power=power, method=method, where=where, damping=o.damping, absolute=absolute),
+                [b.scratch["average"] for b in group])
             for b, p in zip(group, powers):
                 b.state["precond"] = p
         self.changes.refreshed(stage)

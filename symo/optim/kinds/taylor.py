@@ -12,6 +12,7 @@ from typing import ClassVar
 import torch
 
 from ...runtime.compiled import BlockInfo
+from ..matrix_function_configs import Eigh, MatrixFunction
 from ..matrix_functions import stored_power, taylor_power
 from .base import AveragedOptions, BlockStep, DampingOptions, PowerOptions, StepContext, diagonal_power
 from .root import Root
@@ -29,8 +30,9 @@ class Taylor(Root):
     name = "taylor"
     needs_weights = True
 
-    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype) -> str:
-        return "eigh"
+    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype
+                    ) -> MatrixFunction:
+        return Eigh()
 
     def refresh(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
         o = self.options
@@ -38,12 +40,12 @@ class Taylor(Root):
         for b in blocks:
             average = b.scratch["average"]
             if b.plan.mult > o.max_precond_dim:  # above the size cap: the diagonal of S_g, as root does
-                b.state["precond"] = diagonal_power(average, o.power, o.damping, absolute)
+                b.state["precond"] = diagonal_power(average, power=o.power, damping=o.damping, absolute=absolute)
             elif b.plan.trivial:
-                b.state["precond"] = stored_power(average, power=o.power, backend="eigh", where=b.plan.where,
-                                                       damping=o.damping, absolute=absolute)
+                b.state["precond"] = stored_power(average, power=o.power, method=Eigh(), where=b.plan.where,
+                                                  damping=o.damping, absolute=absolute)
             else:
                 w = b.weight().to(average.dtype)
-                b.state["precond"] = taylor_power(average, w @ w.transpose(-1, -2) / b.plan.dim, o.power,
-                                                  o.damping, absolute)
+                b.state["precond"] = taylor_power(average, w @ w.transpose(-1, -2) / b.plan.dim, power=o.power,
+                                                  damping=o.damping, absolute=absolute)
         self.changes.refreshed(stage)

@@ -22,8 +22,9 @@ import torch
 
 from ...runtime.compiled import BlockInfo
 from ..checks import raise_first
+from ..matrix_function_configs import Auto, Eigh, MatrixFunction
 from ..matrix_functions import current_statistic_apply
-from .base import BlockStep, Kind, KindConfig, NewtonSchulzOptions, StepContext, finish, update_scale_factor
+from .base import BlockStep, Kind, KindConfig, PolarFactorOptions, StepContext, finish, update_scale_factor
 from .eigen_adam import EigenAdam, EigenAdamConfig
 from .root import Root, RootConfig
 
@@ -34,8 +35,9 @@ def pmuon_root() -> RootConfig:
 
 
 @dataclass
-class ThenOrthogonalizeConfig(NewtonSchulzOptions):
-    """Precondition by the inner kind, then orthogonalize (the Newton–Schulz options are the polar factor's)."""
+class ThenOrthogonalizeConfig(PolarFactorOptions):
+    """Precondition by the inner kind, then orthogonalize (`backend` and its flat keywords eigh_max_size, ns_* are the
+    polar factor's: PolarFactorOptions)."""
 
     kind: ClassVar[str] = "then_orthogonalize"
     inner_kinds: ClassVar[dict] = {"root": pmuon_root, "eigen_adam": EigenAdamConfig}
@@ -50,7 +52,7 @@ class ThenOrthogonalizeConfig(NewtonSchulzOptions):
         raise_first([
             (isinstance(self.inner, (RootConfig, EigenAdamConfig)),
              f"inner must be 'root', 'eigen_adam', a RootConfig or an EigenAdamConfig, got {self.inner!r}"),
-            (not isinstance(self.inner, RootConfig) or self.inner.backend == "eigh",
+            (not isinstance(self.inner, RootConfig) or isinstance(self.inner.backend, Eigh),
              "inner: then_orthogonalize's inner root takes its power by eigh (backend='eigh'); the backend option "
              "of then_orthogonalize is the polar factor's"),
         ])
@@ -83,12 +85,13 @@ class ThenOrthogonalize(Kind):
         inner = self.inner.passes(n_stages)
         return inner if inner[-1][0] == 0 else [*inner, (0, "polar")]
 
-    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype) -> str:
-        """The polar factor's backend (the inner statistics always use eigh)."""
+    def backend_for(self, block: BlockInfo, stage: int, device: torch.device, stats_dtype: torch.dtype
+                    ) -> MatrixFunction:
+        """The polar factor's matrix function (the inner statistics always use eigh)."""
         o = self.options
-        if o.backend != "auto":
+        if not isinstance(o.backend, Auto):
             return o.backend
-        return "newton_schulz" if min(block.mult, block.width) > o.eigh_max_size else "eigh"
+        return o.backend.iteration if min(block.mult, block.width) > o.backend.eigh_max_size else Eigh()
 
     def state_shapes(self, block: BlockInfo, stage: int, n_stages: int) -> dict[str, tuple[int, ...] | None]:
         return self.inner.state_shapes(block, stage, n_stages)
@@ -115,12 +118,12 @@ class ThenOrthogonalize(Kind):
                else self.inner.apply(stage, direction, blocks, ctx))
         if (stage, direction) != passes[-1]:
             return out
-        o, cfg = self.options, self.config
+        cfg = self.config
         final = []
         for b, res in zip(blocks, out):
             p = res["u"]
             p = p * (b.scratch["u_norm"] / p.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-30)).to(p.dtype)
-            z, extra = current_statistic_apply(p, p, b.plan, nso=o, power=-0.5, damping=0.0, absolute=False,
+            z, extra = current_statistic_apply(p, statistic=p, plan=b.plan, power=-0.5, damping=0.0, absolute=False,
                                                stats_dtype=ctx.stats_dtype)
             scale = update_scale_factor(b.plan, self.update_scale, -0.5, True) * extra
             final.append({"u": finish(z, b.plan, self.update_scale, cfg.adamw_rms, scale)})
