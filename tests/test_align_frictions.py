@@ -17,7 +17,7 @@ from helpers import inverse_element
 from torch import nn
 
 import symo
-from symo.alignment import align
+from symo.alignment import AlignError, align
 from symo.alignment.matching import weight_matching
 from symo.cli import main
 from symo.train.checkpoint import save_checkpoint
@@ -352,3 +352,11 @@ def test_docs_merging_snippet_shows_what_alignment_changes(tmp_path: Path, monke
     assert found, out
     before, after = map(float, found.groups())
     assert before > 0.01 and after < before / 3, out
+
+
+@pytest.mark.parametrize("option, value", [("restarts", -1), ("restarts", 1.5), ("max_sweeps", 0), ("restarts", True)])
+def test_search_options_are_validated(option: str, value: object) -> None:
+    torch.manual_seed(0)
+    a, b = MLP((4, 6, 3)), MLP((4, 6, 3))
+    with pytest.raises(AlignError, match=f"{option} must be an integer"):
+        align(a, b, "mlp_relu", check=False, **{option: value})

@@ -49,13 +49,18 @@ def align(reference: nn.Module | Mapping[str, torch.Tensor], other: nn.Module | 
     - `check`: measure, as `symo check` does, which spaces are true symmetries; a relaxed one gets an
       `AlignWarning` (the aligned model then computes another function).
     - `max_sweeps`, `tol`, `restarts`, `seed`: the coordinate descent's limits and random restarts
-      (`AlignResult.converged` is False, and a note says so, when it stopped at `max_sweeps`).
+      (`AlignResult.converged` is False, and a note says so, when it stopped at `max_sweeps`). Each start
+      is a run; the best objective is kept. Coupled spaces (a transformer's residual stream) have many local
+      optima: `restarts` of 16 to 128 find better ones at that many times the time (docs/align.md).
     - `progress`: a progress bar on stderr where it is a terminal.
     - `strict=False`: drop the spec's rules that match no parameter (as `symo.compile`; CLI: --partial).
     """
     t0 = time.perf_counter()
     if method not in METHODS:
         raise AlignError(f"method must be one of {METHODS}, got {method!r}")
+    for name, value, least in (("restarts", restarts, 0), ("max_sweeps", max_sweeps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise AlignError(f"{name} must be an integer >= {least} (CLI: --{name.replace('_', '-')}), got {value!r}")
     modules = isinstance(reference, nn.Module) and isinstance(other, nn.Module)
     if method == "activations" and (data is None or not modules):
         raise AlignError("method='activations' needs both models as nn.Modules and data=<iterable of input batches>; "

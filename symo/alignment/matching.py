@@ -28,7 +28,12 @@ element moves by more than `tol`, when a sweep gains nothing, or after `max_swee
 Starts: the identity; a "solo" start where some spaces have parameters no other space moves (embeddings,
 norms, biases of a residual stream: each such space solved on those first, so that a wrong residual
 permutation found against unsolved layers is not locked in); and `restarts` random group elements,
-visiting the spaces in a random order per sweep. The run with the largest objective is kept.
+visiting the spaces in a random order per sweep, each drawn from its own generator (seed, start index). The
+run with the largest objective is kept. Where heads are permuted as wholes (a perm owner solved jointly
+with its per-spaces), every run first solves the subgroup with those owners held at the identity (heads
+fixed in their slots, each rotated within it), then the whole group from there: from each start the
+heads-permuted group ends at least as high as the heads-fixed group (random starts draw the same element
+for both), and the head steps can lead the descent out of the residual permutation it settled on.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ..runtime.compiled import CompiledSpec
+from ..runtime.compiled import CompiledSpec, _random_matrix
 
 Tensors = Mapping[str, torch.Tensor]
 
@@ -120,24 +125,41 @@ def weight_matching(compiled: CompiledSpec, ref: Tensors, other: Tensors, *, fix
              if info["group"] != "identity" and compiled.space_params[s] and s not in fixed]
     repeated = repeated_spaces(compiled, compiled.param_names)
     start_total = sum(inner_products(compiled, base, ref, other).values())
-    gen = torch.Generator().manual_seed(seed)
+    # heads permuted as wholes: each run first solves the subgroup with those owners held at the identity (the
+    # heads fixed in their slots, each rotated within it), then the whole group from there
+    staged = [s for s in solve if joint_spaces(compiled, s, solve)]
     best: Matching | None = None
     starts = ["identity"] + (["solo"] if any(_solo(compiled, s) for s in solve) else [])
     starts += [f"random {k + 1}" for k in range(restarts)]
     # disable=None: tqdm's off switch where stderr is not a terminal (a log file gets no bar lines)
     bar = tqdm(total=len(solve), desc="align", unit="space", disable=None if progress else True, leave=False)
     try:
-        for start in starts:
+        for k, start in enumerate(starts):
             element = dict(base)
+            # one generator per start (seed, start's index): a random start's element and sweep orders do not
+            # depend on what the starts before it drew, nor on whether head owners are staged
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + k) if start.startswith("random") else None
             if start == "solo":
-                element.update(_solo_start(compiled, element, solve, ref, other))
-            elif start != "identity":
-                rnd = compiled.random_element(gen, dtype=dtype)
-                element.update({s: rnd[s] for s in solve})
+                element.update({s: q for s, q in _solo_start(compiled, element, solve, ref, other).items()
+                                if s not in staged})
+            elif gen is not None:
+                element.update(_random_start(compiled, solve, staged, gen, dtype))
             total = sum(inner_products(compiled, element, ref, other).values()) if start != "identity" \
                 else start_total
-            result = _descend(compiled, element, ref, other, solve, repeated, total, max_sweeps, tol,
-                              gen if start.startswith("random") else None, bar, start)
+            if staged:
+                first = [s for s in solve if s not in staged]
+                held = _descend(compiled, element, ref, other, first, repeated, total, max_sweeps, tol, gen, bar,
+                                start)
+                element, total = held.elements, held.objective_after
+            # max_sweeps bounds a run: the whole group gets what the subgroup left (at least one sweep)
+            left = max_sweeps - held.sweeps if staged else max_sweeps
+            result = _descend(compiled, element, ref, other, solve, repeated, total, max(left, 1), tol, gen, bar,
+                              start)
+            if staged:
+                result.sweeps += held.sweeps
+                result.history = held.history + result.history[1:]
+                result.last_changed = {s: held.last_changed.get(s, 0) if v == 0 else v + held.sweeps
+                                       for s, v in result.last_changed.items()}
             result.objective_before, result.start = start_total, start
             if best is None or result.objective_after > best.objective_after:
                 best = result
@@ -145,6 +167,20 @@ def weight_matching(compiled: CompiledSpec, ref: Tensors, other: Tensors, *, fix
         bar.close()
     assert best is not None
     return best
+
+
+def _random_start(compiled: CompiledSpec, solve: list[str], staged: list[str], gen: torch.Generator,
+                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A random element of the solved spaces, drawn space by space in the spec's order; the `staged` head owners
+    stay at the identity (drawing nothing), so a spec with heads fixed and its heads-permuted variant draw the
+    same start."""
+    out = {}
+    for s, info in compiled.spaces.items():
+        if s not in solve or s in staged:
+            continue
+        copies = compiled.spaces[info["per"]]["size"] if info["per"] else 1
+        out[s] = torch.stack([_random_matrix(info["group"], info["size"], gen, dtype) for _ in range(copies)])
+    return out
 
 
 def _solo(compiled: CompiledSpec, s: str) -> list[str]:
