@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Mutation testing of the optimizer (symo/optim/) and symo/runtime/linalg.py with mutmut 3 (configured in pyproject.toml,
-# [tool.mutmut]). Not part of CI: about an hour on 2 cores.
+# Mutation testing of the optimizer's kinds (symo/optim/kinds/) and the alignment room (symo/alignment/) with
+# mutmut 3 (configured in pyproject.toml, [tool.mutmut]). Not part of CI: hours on 2 cores for every mutant, so
+# --sample is the usual mode.
 #
 #   bash scripts/mutation.sh                     # test every mutant not yet judged (resumable)
 #   bash scripts/mutation.sh --rerun-survivors   # re-test only the survivors (after adding tests)
@@ -11,7 +12,9 @@
 # It works in a scratch copy ($SYMO_MUTATION_DIR, default /tmp/symo-mutation), so the worktree stays
 # clean and can be edited while a run goes on; each run first refreshes the copy from the worktree
 # (mutmut re-mutates changed source files and collects coverage for new tests). Workers:
-# $SYMO_MUTATION_JOBS (default 2), one thread each. Needs `pip install -e '.[mutation]'`.
+# $SYMO_MUTATION_JOBS (default 2), one thread each. $SYMO_MUTATION_ONLY (a path prefix, e.g. symo/alignment/)
+# keeps only the files of only_mutate under it, so two rooms can run in two work folders; the report reads
+# every folder named in $SYMO_MUTATION_REPORT_DIRS (default: this run's). Needs `pip install -e '.[mutation]'`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -24,17 +27,32 @@ mkdir -p "$WORK"
 tar --exclude=./.venv --exclude=./mutants --exclude=./.git --exclude='*.egg-info' --exclude='__pycache__' \
     -cf - . | tar -xf - -C "$WORK"
 cd "$WORK"
+if [[ -n "${SYMO_MUTATION_ONLY:-}" ]]; then
+  "$PY" - "$SYMO_MUTATION_ONLY" <<'PYEOF'
+import re, sys, tomllib
+text = open("pyproject.toml").read()
+files = [f for f in tomllib.loads(text)["tool"]["mutmut"]["only_mutate"] if f.startswith(sys.argv[1])]
+if not files:
+    sys.exit(f"SYMO_MUTATION_ONLY={sys.argv[1]!r} matches none of pyproject.toml's only_mutate")
+text = re.sub(r"only_mutate = \[[^\]]*\]", "only_mutate = " + repr(files).replace("'", '"'), text)
+open("pyproject.toml", "w").write(text)
+PYEOF
+fi
 export SYMO_CACHE_DIR="$WORK/kernel-cache" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 mkdir -p "$SYMO_CACHE_DIR" && chmod 700 "$SYMO_CACHE_DIR"
 
 case "$MODE" in
   run)
-    rm -f sample.txt
+    rm -f sample.txt sample_n.txt
     "$PY" -m mutmut run --max-children "$JOBS" ;;
   --sample)
     # mutmut lists the mutants in mutants/<file>.meta once it has generated them
-    if [[ ! -f mutants/symo/optim/optimizer.py.meta ]]; then timeout 120 "$PY" -m mutmut print-time-estimates >/dev/null || true; fi
-    "$PY" - "${2:?--sample needs a count}" > sample.txt <<'PYEOF'
+    first=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["tool"]["mutmut"]["only_mutate"][0])')
+    # `mutmut run` with a name that matches no mutant generates the mutants and collects which tests reach
+    # which function, and tests nothing
+    if [[ ! -f "mutants/$first.meta" ]]; then "$PY" -m mutmut run --max-children "$JOBS" "no-such-mutant" >/dev/null || true; fi
+    echo "${2:?--sample needs a count}" > sample_n.txt
+    "$PY" - "$2" > sample.txt <<'PYEOF'
 import json, random, sys, tomllib
 n = int(sys.argv[1])
 for f in tomllib.load(open("pyproject.toml", "rb"))["tool"]["mutmut"]["only_mutate"]:
@@ -58,11 +76,11 @@ PYEOF
     echo "re-testing ${#survivors[@]} survivors"
     # mutmut forgets every verdict when the tests changed (it re-collects which tests reach what), so the
     # verdicts of the mutants not re-tested are kept from before: adding tests cannot revive a killed mutant
-    for f in mutants/symo/*.meta; do cp "$f" "$f.before"; done
+    find mutants/symo -name '*.meta' -exec cp {} {}.before \;
     if (( ${#survivors[@]} )); then "$PY" -m mutmut run --max-children "$JOBS" "${survivors[@]}"; fi
     "$PY" - <<'PYEOF'
 import glob, json
-for before in glob.glob("mutants/symo/*.meta.before"):
+for before in glob.glob("mutants/symo/**/*.meta.before", recursive=True):
     now_path = before[:-len(".before")]
     old, now = json.load(open(before)), json.load(open(now_path))
     codes = now["exit_code_by_key"]
@@ -77,4 +95,5 @@ PYEOF
   --report) ;;
   *) echo "usage: $0 [--sample N | --rerun-survivors | --report]" >&2; exit 2 ;;
 esac
-(cd "$REPO" && "$PY" -m benchmarks.mutation_report --workdir "$WORK" --out "$REPO/benchmarks/results")
+read -ra DIRS <<< "${SYMO_MUTATION_REPORT_DIRS:-$WORK}"
+(cd "$REPO" && "$PY" -m benchmarks.mutation_report --workdir "${DIRS[@]}" --out "$REPO/benchmarks/results")
