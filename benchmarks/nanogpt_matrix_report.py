@@ -145,6 +145,15 @@ def summarize(regime: str, setup: dict, ready: dict[str, Tuning], ms: dict[str, 
         tm = "-" if s["ms_per_step_vs_adamw"] is None else f"{s['ms_per_step_vs_adamw']:.2f}x"
         lines.append(f"| {ARMS[a]['label']} | {s['lr']:g} | {s['weight_decay']:g} | {s['mean']:.4f} ± {s['std']:.4f} "
                      f"| {ci} | {st} | {ratio} | {tm} |")
+    soap_family = [a for a in arms if a != "soap" and "soap" in a]
+    if "soap" in arms and soap_family:
+        # the SOAP arms against the best-kept SOAP implementation in the campaign, heavyball's, seed by seed
+        lines += ["", "SOAP arms against heavyball's SOAP (paired 95% interval of (arm - heavyball SOAP) final loss; "
+                  "negative: better than heavyball's):", "", "| arm | diff to heavyball SOAP, 95% |", "|---|---|"]
+        for a in sorted(soap_family, key=lambda a: arms[a]["mean"]):
+            lo, hi = paired_diff_ci95(arms[a]["val_finals"], arms["soap"]["val_finals"])
+            arms[a]["diff_to_heavyball_soap_ci95"] = [lo, hi]
+            lines.append(f"| {ARMS[a]['label']} | [{lo:+.4f}, {hi:+.4f}] |")
     if dropped:
         lines += ["", "Not trained here, dropped by the screening pass (best seed-0 loss there against Muon's mean + 2 "
                   "seed spreads): " + "; ".join(f"{ARMS[a]['label']} ({why})" for a, why in sorted(dropped.items()))

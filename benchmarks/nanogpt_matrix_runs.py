@@ -69,6 +69,10 @@ ARMS: dict[str, dict[str, Any]] = {
                           "stats_dtype": "float32"},
             [0.01, 0.02, 0.04]))
        for spec in ("gpt_true", "gpt_muon")},
+    # the same SOAP with heavyball's conventions (betas (0.9, 0.95), refresh every 2): the heavyball arm's
+    # algorithm inside Symo, so that the gap between the two SOAP arms can be read as conventions or not
+    "symo_soap_heavyball_gpt_muon": {"kind": "symo", "spec": "gpt_muon", "options": {"preset": "soap_heavyball"},
+                                     "grid": [1.5e-3, 3e-3, 6e-3], "label": "Symo soap_heavyball, gpt_muon"},
 }
 
 
