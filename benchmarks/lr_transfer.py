@@ -16,7 +16,7 @@ Two spec columns per problem (SPECS):
 - "true": the benchmark's own Symo spec, the network's true group (hidden units permuted), for every preset of
   GRID_CENTRE on the small problems (soap_heavyball is not measured; soap not on the MNIST autoencoder, NOT_MEASURED:
   its true spec puts fc2 and fc3, both axes permuted, each into one block whose two-sided factor is 4096 x 4096,
-  about 4.6 min a run). nanoGPT's true spec (gpt_true) is not measured here.
+  about 4.6 min a run); on nanoGPT, gpt_true for every preset.
 - "muon": a Muon-style spec, a private signed_perm row space per weight matrix and the rest to Symo's AdamW (whose
   rate follows lr: 3e-3 at the preset's documented rate): specs/muon.toml for the MLPs, specs/rnn_muon.toml for
   the RNN (the arms "preset_<name>~muon" of benchmarks/preset_arms.py), for MUON_STYLE_PRESETS; nanoGPT's column
@@ -35,12 +35,16 @@ side's new rate changes no true-spec run: each small problem's true spec covers 
 (uncovered_parameters). The Muon-style runs of eigen_adam and soap, whose documented rate moved from 3e-3 to
 9e-3 after they were first made (so their AdamW side, lr x 3e-3 / documented, moved too): "/documented9e-3".
 
-nanoGPT is not trained here except for the shampoo preset: the notebook and muon cells are the seed-0 grids of
+nanoGPT (NANOGPT_SOURCES, NANOGPT_TRAINED): on gpt_muon, the notebook and muon cells are the seed-0 grids of
 benchmarks/results/nanogpt_compare.json (factor-2 grids; the muon preset with the gpt_muon spec is Muon, whose
-row it takes), and the published, eigen_adam, soap and then_orthogonalize cells come from the screening pass of
-benchmarks/results/nanogpt_matrix.json (the same small size; gpt_muon arms; eigen_adam's is the arm
-one_sided_soap, the preset as it is now) once an arm's grid has finished there, "pending" otherwise. Those runs
-(symo train) give the AdamW side a fixed 3e-3.
+row it takes), the published, eigen_adam, soap and then_orthogonalize cells come from the screening pass of
+benchmarks/results/nanogpt_matrix.json (the same small size; eigen_adam's is the arm one_sided_soap, the preset
+as it is now) once an arm's grid has finished there, "pending" otherwise, and shampoo is trained here. On
+gpt_true, the published, eigen_adam and soap cells are that screening pass's gpt_true arms; muon,
+then_orthogonalize, notebook and shampoo are trained here (the campaign's gpt_true arms under Muon's scale ran
+with parameter_rms=False, no longer the default). Trained here means benchmarks.nanogpt_compare.run_one, i.e.
+symo train with the spec and the preset; a gpt_true run's key ends in "/gpt_true" (nanogpt_job). All these runs
+give the AdamW side a fixed 3e-3.
 
 Reported per spec: best / documented (the preset's current lr in symo.PRESETS) per cell and the goal, within 3x
 everywhere; per preset, the rate that makes the worst ratio smallest (the geometric midpoint of its best rates,
@@ -81,18 +85,32 @@ PROBLEMS = ("train_mlp tanh", "train_mlp linear", "mnist_autoencoder", "rnn_trai
             "paper_mlp linear", "nanogpt")
 SMALL = PROBLEMS[:-1]
 RNN_SHAPE = (600, 20, 32, 64)  # steps, length, hidden, batch: rnn_train's committed command
-NANOGPT_SPEC = "gpt_muon"  # nanoGPT's column is the Muon-style spec's; gpt_true is not measured here
-# nanoGPT cells taken from other results: preset -> (results file, regime or None, arm, what differs)
-NANOGPT_SOURCES = {"notebook": ("nanogpt_compare.json", None, "symo_muon_notebook", ""),
-                   "muon": ("nanogpt_compare.json", None, "muon", ""),
-                   "published": ("nanogpt_matrix.json", "screen", f"symo_published_{NANOGPT_SPEC}",
-                                 "H_inv refreshed every 10 steps"),
-                   # nanogpt_matrix's arm "eigen_adam" keeps the kind's older conventions; "one_sided_soap" is
-                   # the eigen_adam preset as it is now
-                   "eigen_adam": ("nanogpt_matrix.json", "screen", f"symo_one_sided_soap_{NANOGPT_SPEC}", ""),
-                   **{k: ("nanogpt_matrix.json", "screen", f"symo_{k}_{NANOGPT_SPEC}", "")
-                      for k in ("soap", "then_orthogonalize")}}
-NANOGPT_TRAINED = ("shampoo",)  # nanoGPT cells trained here
+NANOGPT_SPECS = {"true": "gpt_true", "muon": "gpt_muon"}  # nanoGPT's spec in each spec column
+
+
+def _matrix_sources(spec: str, presets: tuple[str, ...]) -> dict[str, tuple[str, str | None, str, str]]:
+    """nanogpt_matrix's screening-pass arms (the small size) that are a preset as it is now, on `spec`."""
+    arms = {"published": ("published", "H_inv refreshed every 10 steps"),
+            # nanogpt_matrix's arm "eigen_adam" keeps the kind's older conventions; "one_sided_soap" is the
+            # eigen_adam preset as it is now
+            "eigen_adam": ("one_sided_soap", ""), "soap": ("soap", ""),
+            "then_orthogonalize": ("then_orthogonalize", "")}
+    return {p: ("nanogpt_matrix.json", "screen", f"symo_{arms[p][0]}_{spec}", arms[p][1]) for p in presets}
+
+
+# nanoGPT cells taken from other results, per spec column: preset -> (results file, regime or None, arm, what
+# differs). Not the campaign's gpt_true arms under Muon's update scale (defaults, then_orthogonalize, soap_muon):
+# they ran with parameter_rms=False, no longer the default, so the muon and then_orthogonalize cells of the true
+# column are trained here.
+NANOGPT_SOURCES = {
+    "muon": {"notebook": ("nanogpt_compare.json", None, "symo_muon_notebook", ""),
+             "muon": ("nanogpt_compare.json", None, "muon", ""),
+             **_matrix_sources("gpt_muon", ("published", "eigen_adam", "soap", "then_orthogonalize"))},
+    "true": _matrix_sources("gpt_true", ("published", "eigen_adam", "soap")),
+}
+# nanoGPT cells trained here (benchmarks.nanogpt_compare.run_one: symo train with the spec and the preset), per
+# spec column
+NANOGPT_TRAINED = {"muon": ("shampoo",), "true": ("muon", "then_orthogonalize", "notebook", "shampoo")}
 # the spec columns: "true", the benchmark's own spec (the network's true group); "muon", a Muon-style spec
 SPEC_LABEL = {"true": "true-symmetry spec", "muon": "Muon-style spec"}
 MUON_STYLE_PRESETS = ("muon", "then_orthogonalize", "eigen_adam", "soap")  # on the small problems' Muon-style specs
@@ -101,7 +119,6 @@ NOT_MEASURED = {("soap", "true", "mnist_autoencoder"):
                 "not measured: the true spec puts fc2 and fc3 (both axes permuted) each into one block, whose "
                 "two-sided factor is 4096 x 4096: 19 s for the first basis and 9 s per refresh every 10 steps, "
                 "about 4.6 min a run on one thread"}
-NOT_MEASURED_COLUMNS = {("true", "nanogpt"): "not measured: gpt_true is out of this table's scope"}
 # code changes since the committed caches were made, for runs whose keys did not say so: preset -> key tag
 CHANGED_PRESETS = {"eigen_adam": "soap_conventions"}  # eigen_adam's kind now defaults to SOAP's conventions
 # Muon-style runs (whose biases go to Symo's AdamW, at lr x 3e-3 / the documented rate) made before a preset's
@@ -181,7 +198,7 @@ def not_measured(preset: str, spec: str, problem: str) -> str | None:
     """Why the cell (preset, spec, problem) is not measured; None when it is."""
     if spec == "muon" and problem != "nanogpt" and preset not in MUON_STYLE_PRESETS:
         return "not measured: this preset is measured on the small problems' true spec only"
-    return NOT_MEASURED_COLUMNS.get((spec, problem)) or NOT_MEASURED.get((preset, spec, problem))
+    return NOT_MEASURED.get((preset, spec, problem))
 
 
 @dataclass
@@ -240,14 +257,16 @@ def _nanogpt_run(job: dict) -> dict:
 
 @dataclass
 class Problem:
-    """How to run one problem: its job for (arm, lr), the training function, the cache, the final loss."""
+    """How to run one problem: its job for (arm, lr, spec column), the training function, the cache, the final
+    loss; `suffixed`: its keys take key_suffix (the small problems, whose committed runs predate code changes)."""
 
     fn: Callable[[dict], dict]
     cache: RunCache
-    job: Callable[[str, float], dict]
+    job: Callable[[str, float, str], dict]
     arm: Callable[[str, str | None, str], str]  # (preset, scale, spec) -> the benchmark's arm
     final: Callable[[dict], float] = lambda r: r["final"]
     seconds: Callable[[dict], float] = lambda r: r.get("seconds", 0.0)
+    suffixed: bool = True
 
 
 def problems(out: Path, quick: bool, run_root: str) -> dict[str, Problem]:
@@ -262,18 +281,18 @@ def problems(out: Path, quick: bool, run_root: str) -> dict[str, Problem]:
     steps = 5 if quick else 100
     rnn_shape = (20, 10, 8, 16) if quick else RNN_SHAPE
     gpt = dict(nanogpt_compare.QUICK_SETUP if quick else nanogpt_compare.SETUP)
-    size = "x".join(str(gpt[k]) for k in ("n_layer", "n_embd", "n_head", "batch_size", "block_size", "steps"))
 
     def mlp(name: str) -> Problem:
         return Problem(train_mlp._train_job, mlp_cache,
-                       lambda arm, lr: {"key": f"{name}/{arm}/lr{lr:g}/seed0", "problem": name, "optimizer": arm,
+                       lambda arm, lr, _spec: {"key": f"{name}/{arm}/lr{lr:g}/seed0", "problem": name,
+                                               "optimizer": arm,
                                         "lr": lr, "seed": 0},
                        aliased(train_mlp.PRESET_ARMS))
 
     def paper(act: str) -> Problem:
         return Problem(_paper_run, own,
-                       lambda arm, lr: {"key": f"paper_mlp_{act}/{arm}/lr{lr:g}/seed0/steps{steps}", "act": act,
-                                        "arm": arm, "lr": lr, "steps": steps},
+                       lambda arm, lr, _spec: {"key": f"paper_mlp_{act}/{arm}/lr{lr:g}/seed0/steps{steps}",
+                                               "act": act, "arm": arm, "lr": lr, "steps": steps},
                        aliased(paper_mlp.PRESET_ARMS))
 
     return {
@@ -281,20 +300,28 @@ def problems(out: Path, quick: bool, run_root: str) -> dict[str, Problem]:
         "train_mlp linear": mlp("mlp_linear"),
         "mnist_autoencoder": mlp("mnist_autoencoder"),
         "rnn_train": Problem(rnn_train._run_job, RunCache(out / "rnn_train_runs.json"),
-                             lambda arm, lr: {"key": f"{arm}/lr{lr!r}/seed0/" + "x".join(map(str, rnn_shape)),
-                                              "job": (arm, lr, 0, *rnn_shape)},
+                             lambda arm, lr, _spec: {"key": f"{arm}/lr{lr!r}/seed0/"
+                                                            + "x".join(map(str, rnn_shape)),
+                                                     "job": (arm, lr, 0, *rnn_shape)},
                              aliased(rnn_train.PRESET_ARMS),
                              seconds=lambda r: r["ms_per_step"] * rnn_shape[0] / 1000),
         "paper_mlp tanh": paper("tanh"),
         "paper_mlp linear": paper("linear"),
-        "nanogpt": Problem(_nanogpt_run, own,
-                           lambda arm, lr: {"key": f"nanogpt/{arm}/lr{lr:g}/seed0/{size}", "variant": arm,
-                                            "run_root": run_root,
-                                            "config": {"optimizer": "symo", "spec": NANOGPT_SPEC, "lr": lr,
-                                                       "seed": 0, **_arm_config(arm), **gpt}},
-                           lambda preset, scale, spec: arm_name(preset, scale),  # its spec: NANOGPT_SPEC
-                           final=lambda r: r["final_val"], seconds=lambda r: r["wall_s"]),
+        "nanogpt": Problem(_nanogpt_run, own, lambda arm, lr, spec: nanogpt_job(arm, lr, spec, gpt, run_root),
+                           lambda preset, scale, spec: arm_name(preset, scale),  # its spec: nanogpt_job's
+                           final=lambda r: r["final_val"], seconds=lambda r: r["wall_s"], suffixed=False),
     }
+
+
+def nanogpt_job(arm: str, lr: float, column: str, gpt: dict[str, Any], run_root: str) -> dict:
+    """symo train's run of a preset arm on the spec of the spec column `column` (NANOGPT_SPECS). The key of a
+    gpt_muon run names no spec (those runs were made before gpt_true was), a gpt_true run's ends in /gpt_true;
+    neither takes key_suffix: every nanoGPT run trained here was made with today's code."""
+    spec = NANOGPT_SPECS[column]
+    size = "x".join(str(gpt[k]) for k in ("n_layer", "n_embd", "n_head", "batch_size", "block_size", "steps"))
+    return {"key": f"nanogpt/{arm}/lr{lr:g}/seed0/{size}" + ("" if spec == "gpt_muon" else f"/{spec}"),
+            "variant": arm, "run_root": run_root,
+            "config": {"optimizer": "symo", "spec": spec, "lr": lr, "seed": 0, **_arm_config(arm), **gpt}}
 
 
 def _arm_config(arm: str) -> dict[str, Any]:
@@ -307,10 +334,11 @@ def _arm_config(arm: str) -> dict[str, Any]:
     return options
 
 
-def nanogpt_cell(preset: str, results: Path) -> Cell:
-    """A nanoGPT cell read from nanogpt_compare / nanogpt_matrix results; source 'pending' when not there."""
-    cell = Cell(preset, None, "nanogpt", spec="muon")
-    file, regime, arm, differs = NANOGPT_SOURCES[preset]
+def nanogpt_cell(preset: str, results: Path, spec: str = "muon") -> Cell:
+    """A nanoGPT cell of spec column `spec` read from nanogpt_compare / nanogpt_matrix results; source 'pending'
+    when not there."""
+    cell = Cell(preset, None, "nanogpt", spec=spec)
+    file, regime, arm, differs = NANOGPT_SOURCES[spec][preset]
     path = results / file
     entry = None
     if path.is_file():
@@ -341,9 +369,9 @@ def run_cells(cells: list[Cell], probs: dict[str, Problem], workers: int, quick:
             mine = [(c, lr) for c in cells if c.problem == name for lr in c.todo]
             if not mine:
                 continue
-            jobs = [prob.job(prob.arm(c.preset, c.scale, c.spec), lr) for c, lr in mine]
+            jobs = [prob.job(prob.arm(c.preset, c.scale, c.spec), lr, c.spec) for c, lr in mine]
             for (c, _lr), job in zip(mine, jobs):
-                job["key"] += key_suffix(c.preset, c.scale, c.spec)
+                job["key"] += key_suffix(c.preset, c.scale, c.spec) if prob.suffixed else ""
             for (c, lr), rec in zip(mine, run_pool(prob.fn, jobs, prob.cache, workers, f"{NAME}: {name}")):
                 final = prob.final(rec)
                 c.record(lr, final if math.isfinite(final) else math.inf, prob.seconds(rec))
@@ -422,12 +450,13 @@ def main(argv: list[str] | None = None) -> int:
             for q in small:
                 if not not_measured(p, spec, q):
                     cells[spec][(p, None, q)] = Cell(p, None, q, spec=spec)
-    if not args.quick:  # nanoGPT's column: gpt_muon, a Muon-style spec, for every preset
-        for p in presets:
-            if p in NANOGPT_SOURCES:
-                cells["muon"][(p, None, "nanogpt")] = nanogpt_cell(p, RESULTS)
-            elif p in NANOGPT_TRAINED:
-                cells["muon"][(p, None, "nanogpt")] = Cell(p, None, "nanogpt", spec="muon")
+    if not args.quick:  # nanoGPT's columns: gpt_true and gpt_muon (a Muon-style spec), every preset
+        for spec in SPECS:
+            for p in presets:
+                if p in NANOGPT_SOURCES[spec]:
+                    cells[spec][(p, None, "nanogpt")] = nanogpt_cell(p, RESULTS, spec)
+                elif p in NANOGPT_TRAINED[spec] and not not_measured(p, spec, "nanogpt"):
+                    cells[spec][(p, None, "nanogpt")] = Cell(p, None, "nanogpt", spec=spec)
         rows["muon"] = [p for p in presets if p in rows["muon"] or (p, None, "nanogpt") in cells["muon"]]
     todo = [c for spec in SPECS for c in cells[spec].values() if c.source == "trained"]
     used = run_cells(todo, probs, args.workers, args.quick)
@@ -546,7 +575,7 @@ def markdown(data: dict) -> str:
              "validation loss); a best rate at an edge extends the grid by one point, at most twice, and `>=`/`<=` "
              "marks a best still at an edge after that (such a cell does not count as within the goal). "
              "paper_mlp's preset runs use a constant rate (as its tuned rows do; its `symo` row uses the paper's "
-             "decaying schedule). nanoGPT cells: see the sources below; only the shampoo cell is trained here.", "",
+             "decaying schedule). nanoGPT cells: see the sources below; those without one are trained here.", "",
              "Two specs per problem. **True-symmetry spec**: each benchmark's own spec, the network's true group "
              "(hidden units permuted; every preset on the small problems). **Muon-style spec**: a private "
              "signed_perm row space per weight matrix, the rest (biases) to Symo's AdamW, whose rate follows lr "
@@ -555,8 +584,12 @@ def markdown(data: dict) -> str:
              f"measured for {muon_style} (the other presets on the true spec only). "
              "`symo.infer.training_spec` was not used: it leaves the first layer and the classifier to AdamW, "
              "which on train_mlp's and paper_mlp's two-layer networks is every weight, and cannot guess the RNN's "
-             "inputs. nanoGPT's column is gpt_muon (a Muon-style spec; its runs, by `symo train`, give the AdamW "
-             "side a fixed 3e-3); nanoGPT with gpt_true is not measured. Not measured either: soap on the "
+             "inputs. nanoGPT's columns: gpt_true on the true-symmetry spec (per-head O(d_head) on attention, perm "
+             "on each MLP's hidden units; embeddings, gains and attention/MLP output biases to AdamW), gpt_muon on "
+             "the Muon-style spec, every preset on both; their runs, by `symo train`, give the AdamW side a fixed "
+             "3e-3. The campaign's gpt_true runs under Muon's scale (nanogpt_matrix's defaults, then_orthogonalize "
+             "and SOAP-Muon arms) ran with `parameter_rms=False`, no longer the default, so the muon and "
+             "then_orthogonalize cells on gpt_true are trained here, under today's default. Not measured: soap on the "
              "autoencoder's true spec (fc2 and fc3, both axes permuted, are each one block whose two-sided factor "
              "is 4096 x 4096: 19 s for the first basis and 9 s per refresh every 10 steps, about 4.6 min a run)"
              + "".join(f"; the preset {p}" for p in meta.get("presets_not_measured", [])) + ". "

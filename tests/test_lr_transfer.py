@@ -1,8 +1,8 @@
-"""benchmarks/lr_transfer.py: the grid rule (extension at an edge, at most twice, bounds), the recommended
-rate, the nanoGPT cells read from other results or marked pending, the preset arms (on either spec variant), the
-two spec columns (which presets and cells each measures, the cache-key suffixes of changed code, what each spec
-leaves to AdamW, the per-spec goal and tables), and --quick end to end with a second invocation that trains
-nothing."""
+"""benchmarks/lr_transfer.py: the grid rule (extension at an edge, at most twice, bounds), the recommended rate, the
+nanoGPT cells read from other results (gpt_muon and gpt_true arms) or marked pending, the nanoGPT runs trained here
+(their keys and spec, parameter_rms on), the preset arms (on either spec variant), the two spec columns (which
+presets and cells each measures, the cache-key suffixes of changed code, what each spec leaves to AdamW, the
+per-spec goal and tables), and --quick end to end with a second invocation that trains nothing."""
 
 from __future__ import annotations
 
@@ -75,6 +75,60 @@ def test_nanogpt_cells_come_from_the_results_files_or_are_pending(tmp_path):
     (tmp_path / "nanogpt_compare.json").write_text(json.dumps({"optimizers": {
         "muon": {"lr": 0.02, "grid": {"0.01": 1.85, "0.02": 1.81, "0.04": 1.88}}}}))
     assert lt.nanogpt_cell("muon", tmp_path).best == 0.02
+
+
+def test_the_nanogpt_true_column_reads_the_campaigns_gpt_true_arms_that_are_the_presets_now(tmp_path):
+    """published, eigen_adam and soap: nanogpt_matrix's screening-pass gpt_true arms, whose options are the preset
+    (published's refresh every 10 steps said in the source); not its gpt_true arms under Muon's scale, which ran
+    with parameter_rms=False: muon and then_orthogonalize are trained here."""
+    from benchmarks.nanogpt_matrix_runs import ARMS, REGIMES
+
+    arms = {"published": "symo_published_gpt_true", "eigen_adam": "symo_one_sided_soap_gpt_true",
+            "soap": "symo_soap_gpt_true"}
+    assert {p: lt.NANOGPT_SOURCES["true"][p][2] for p in lt.NANOGPT_SOURCES["true"]} == arms
+    for preset, arm in arms.items():
+        assert ARMS[arm]["spec"] == "gpt_true"
+        extra = {"precondition_frequency": 10} if preset == "published" else {}
+        assert ARMS[arm]["options"] == {"preset": preset, **extra}, arm
+        assert lt.NANOGPT_SOURCES["true"][preset][1] == "screen"
+    assert all(ARMS[a]["options"].get("parameter_rms") is False
+               for a in ("symo_defaults_gpt_true", "symo_then_orthogonalize_gpt_true", "symo_soap_muon_gpt_true"))
+    assert {"muon", "then_orthogonalize"} <= set(lt.NANOGPT_TRAINED["true"])
+    screen = REGIMES["screen"]  # the campaign's screening pass is nanogpt_compare's small size
+    from benchmarks.nanogpt_compare import SETUP
+    assert {k: screen[k] for k in SETUP} == SETUP
+    (tmp_path / "nanogpt_matrix.json").write_text(json.dumps({"screen": {"arms": {
+        "symo_soap_gpt_muon": {"lr": 0.012, "grid": {"0.006": 1.7, "0.012": 1.6, "0.024": 1.65}},
+        "symo_soap_gpt_true": {"lr": 0.006, "grid": {"0.003": 1.9, "0.006": 1.8, "0.012": 1.85}}}}}))
+    true, muon = lt.nanogpt_cell("soap", tmp_path, "true"), lt.nanogpt_cell("soap", tmp_path)
+    assert (true.best, true.spec, muon.best, muon.spec) == (0.006, "true", 0.012, "muon")
+    assert "symo_soap_gpt_true" in true.source and "symo_soap_gpt_muon" in muon.source
+    assert lt.nanogpt_cell("eigen_adam", tmp_path, "true").source == \
+        "pending: nanogpt_matrix.json (symo_one_sided_soap_gpt_true)"
+
+
+def test_nanogpt_runs_trained_here_take_their_columns_spec_with_parameter_rms_on(one_thread):
+    """A gpt_muon run keeps its key (the cached shampoo runs are reused), a gpt_true run's key ends in /gpt_true;
+    symo train builds the muon preset on gpt_true with today's default, parameter_rms on."""
+    from benchmarks.nanogpt_compare import QUICK_SETUP, SETUP
+    from symo.train import TrainConfig
+    from symo.train.loop import build_optimizer
+    from symo.train.models import GPT, GPTConfig
+
+    muon = lt.nanogpt_job("preset_shampoo", 0.05, "muon", dict(SETUP), "/tmp/x")
+    true = lt.nanogpt_job("preset_shampoo", 0.05, "true", dict(SETUP), "/tmp/x")
+    assert muon["key"] == "nanogpt/preset_shampoo/lr0.05/seed0/4x128x4x16x64x500"
+    assert true["key"] == muon["key"] + "/gpt_true"
+    assert (muon["config"]["spec"], true["config"]["spec"]) == ("gpt_muon", "gpt_true")
+    assert true["config"]["preset"] == "shampoo" and "parameter_rms" not in true["config"]
+    cache = json.loads((lt.RESULTS / "lr_transfer_runs.json").read_text())
+    assert muon["key"] in cache  # the committed gpt_muon run: its key did not move
+    job = lt.nanogpt_job("preset_muon", 0.02, "true", dict(QUICK_SETUP), "/tmp/x")
+    cfg = TrainConfig(**job["config"])
+    model = GPT(GPTConfig(block_size=cfg.block_size, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd))
+    opt = build_optimizer(model, cfg)
+    assert opt.config.update_scale == "muon" and opt.config.parameter_rms
+    assert "transformer.h.0.attn.c_attn.weight" in opt.rms_targets  # gpt_true's blocks: rescaled to Muon's RMS
 
 
 def test_preset_arms_name_a_preset_and_optionally_its_scale():
@@ -156,8 +210,10 @@ def test_each_spec_column_measures_its_presets_and_says_why_a_cell_is_not_measur
     assert lt.not_measured("soap", "true", "mnist_autoencoder").startswith("not measured: ")
     assert lt.not_measured("soap", "true", "rnn_train") is None
     assert lt.not_measured("soap", "muon", "mnist_autoencoder") is None
-    assert "gpt_true" in lt.not_measured("muon", "true", "nanogpt")
-    assert lt.not_measured("shampoo", "muon", "nanogpt") is None  # nanoGPT's column is gpt_muon, every preset
+    for preset in presets:  # nanoGPT: both columns (gpt_true, gpt_muon), every preset, read or trained
+        for spec in lt.SPECS:
+            assert lt.not_measured(preset, spec, "nanogpt") is None, (preset, spec)
+            assert (preset in lt.NANOGPT_SOURCES[spec]) != (preset in lt.NANOGPT_TRAINED[spec]), (preset, spec)
     assert "true spec only" in lt.not_measured("shampoo", "muon", "train_mlp tanh")
     assert "soap_heavyball" not in lt.GRID_CENTRE  # not measured: the md names it
 
@@ -187,7 +243,7 @@ def test_the_goal_is_evaluated_per_spec_and_the_md_has_a_table_per_spec():
     muon = lt.summarise(_cells({"rnn_train": far, "mnist_autoencoder": good}, "soap", "muon"), ["soap"],
                         columns[:2], documented, spec="muon", columns=columns)
     assert true["goal_met"] and true["cells_measured"] == 1
-    assert set(true["presets"]["soap"]["not_measured"]) == {"mnist_autoencoder", "nanogpt"}
+    assert set(true["presets"]["soap"]["not_measured"]) == {"mnist_autoencoder"}  # nanoGPT: no reason, not here
     assert not muon["goal_met"] and (muon["cells_within_goal"], muon["cells_measured"]) == (1, 2)
     assert set(muon["presets"]["soap"]["not_measured"]) == set()  # nanoGPT soap: not in these cells, no reason
     data = lt.summarise_specs({"true": true, "muon": muon})
@@ -196,10 +252,10 @@ def test_the_goal_is_evaluated_per_spec_and_the_md_has_a_table_per_spec():
                     "muon_style_presets": ["soap"], "presets_not_measured": ["soap_heavyball"]}
     md = lt.markdown(data)
     true_table = md[md.index("### True-symmetry spec (goal: met, 1 of 1 cells)"):md.index("### Muon-style spec")]
-    assert "| soap | 0.003 | 1x | not measured | not measured | yes |" in true_table
+    assert "| soap | 0.003 | 1x | not measured | - | yes |" in true_table
     muon_table = md[md.index("### Muon-style spec (goal: not met, 1 of 2 cells)"):md.index("## Best rates and")]
     assert "| soap | 0.003 | 1/30x | 1x | - | no |" in muon_table
-    assert "| soap | true | 0.003 | 0.003 | not measured | not measured |" in md
+    assert "| soap | true | 0.003 | 0.003 | not measured | - |" in md
     assert "| soap | muon | 0.003 | 0.0001 | 0.003 | - | 30x |" in md
     assert "- soap, true spec, mnist_autoencoder: not measured: the true spec puts fc2 and fc3" in md
     assert "soap_heavyball" in md
