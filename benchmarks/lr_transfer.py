@@ -14,9 +14,10 @@ edge after that is a bound (">=" / "<=").
 
 Two spec columns per problem (SPECS):
 - "true": the benchmark's own Symo spec, the network's true group (hidden units permuted), for every preset of
-  GRID_CENTRE on the small problems (soap_heavyball is not measured; soap not on the MNIST autoencoder, NOT_MEASURED:
-  its true spec puts fc2 and fc3, both axes permuted, each into one block whose two-sided factor is 4096 x 4096,
-  about 4.6 min a run); on nanoGPT, gpt_true for every preset.
+  GRID_CENTRE on the small problems (soap_heavyball is not measured: it documents soap's rate; soap on the MNIST
+  autoencoder is the costliest cell, its true spec puts fc2 and fc3, both axes permuted, each into one block whose
+  two-sided factor is 4096 x 4096, about 8 min a run); on nanoGPT, gpt_true for every preset. NOT_MEASURED holds
+  the cells left out with the reason (none today).
 - "muon": a Muon-style spec, a private signed_perm row space per weight matrix and the rest to Symo's AdamW (whose
   rate follows lr: 3e-3 at the preset's documented rate): specs/muon.toml for the MLPs, specs/rnn_muon.toml for
   the RNN (the arms "preset_<name>~muon" of benchmarks/preset_arms.py), for MUON_STYLE_PRESETS; nanoGPT's column
@@ -115,10 +116,7 @@ NANOGPT_TRAINED = {"muon": ("shampoo",), "true": ("muon", "then_orthogonalize", 
 SPEC_LABEL = {"true": "true-symmetry spec", "muon": "Muon-style spec"}
 MUON_STYLE_PRESETS = ("muon", "then_orthogonalize", "eigen_adam", "soap")  # on the small problems' Muon-style specs
 # (preset, spec, problem) -> why its cell is not measured
-NOT_MEASURED = {("soap", "true", "mnist_autoencoder"):
-                "not measured: the true spec puts fc2 and fc3 (both axes permuted) each into one block, whose "
-                "two-sided factor is 4096 x 4096: 19 s for the first basis and 9 s per refresh every 10 steps, "
-                "about 4.6 min a run on one thread"}
+NOT_MEASURED: dict[tuple[str, str, str], str] = {}
 # code changes since the committed caches were made, for runs whose keys did not say so: preset -> key tag
 CHANGED_PRESETS = {"eigen_adam": "soap_conventions"}  # eigen_adam's kind now defaults to SOAP's conventions
 # Muon-style runs (whose biases go to Symo's AdamW, at lr x 3e-3 / the documented rate) made before a preset's
@@ -589,10 +587,10 @@ def markdown(data: dict) -> str:
              "the Muon-style spec, every preset on both; their runs, by `symo train`, give the AdamW side a fixed "
              "3e-3. The campaign's gpt_true runs under Muon's scale (nanogpt_matrix's defaults, then_orthogonalize "
              "and SOAP-Muon arms) ran with `parameter_rms=False`, no longer the default, so the muon and "
-             "then_orthogonalize cells on gpt_true are trained here, under today's default. Not measured: soap on the "
-             "autoencoder's true spec (fc2 and fc3, both axes permuted, are each one block whose two-sided factor "
-             "is 4096 x 4096: 19 s for the first basis and 9 s per refresh every 10 steps, about 4.6 min a run)"
-             + "".join(f"; the preset {p}" for p in meta.get("presets_not_measured", [])) + ". "
+             "then_orthogonalize cells on gpt_true are trained here, under today's default. soap on the autoencoder's "
+             "true spec is the costliest cell (fc2 and fc3, both axes permuted, are each one block whose two-sided "
+             "factor is 4096 x 4096: about 8 min a run on a loaded core). Not measured: "
+             + "; ".join(f"the preset {p}" for p in meta.get("presets_not_measured", [])) + ". "
              "Runs whose code changed after the committed run caches were made carry a new cache key: true-spec "
              "runs under Muon's scale (`/parameter_rms`: a parameter whose blocks are not its own rows x cols now "
              "moves at Muon's per-shape RMS) and eigen_adam's true-spec runs (`/soap_conventions`: the kind now "
