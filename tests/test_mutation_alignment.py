@@ -340,3 +340,18 @@ def test_a_model_the_check_cannot_run_is_aligned_with_a_note_on_which_inputs_fai
         result = align(a, b, "mlp_relu", example_inputs=given)
         assert any(n.startswith(f"symmetry not checked: the model did not run on the {word} example inputs "
                                 "(KeyError: ") for n in result.notes), result.notes
+
+
+def test_the_barrier_plot_draws_the_values_against_alpha_with_the_label(tmp_path, monkeypatch) -> None:
+    """`BarrierResult.plot`: `name` against alpha (x: the alphas, y: the values, the y axis named `name`),
+    one line labelled `label`, written to `path`; the figure is read back before it is closed."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    seen = []
+    monkeypatch.setattr(plt, "close", lambda fig: seen.append(fig))
+    result = BarrierResult([0.0, 0.25, 1.0], {"loss": [1.0, 3.0, 2.0]})
+    path = result.plot(tmp_path / "path.png", label="aligned")
+    assert path == tmp_path / "path.png" and path.stat().st_size > 0
+    (ax,) = seen[0].axes
+    (line,) = ax.lines
+    assert list(line.get_xdata()) == [0.0, 0.25, 1.0] and list(line.get_ydata()) == [1.0, 3.0, 2.0]
+    assert ax.get_ylabel() == "loss" and [t.get_text() for t in ax.get_legend().get_texts()] == ["aligned"]
