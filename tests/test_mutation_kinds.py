@@ -1,8 +1,9 @@
-"""The newest kinds' edges that the other tests leave open (found by mutation testing of eigen_adam,
-then_orthogonalize, the refresh configs of symo/optim/matrix_function_configs.py and linalg's eigh_basis /
-power_qr_basis), each against an independent
-oracle: a dense float64 eigh, a closed form, the SVD polar factor, pytorch-optimizer's SOAP, or the documented
-contract of a validation message or a refresh schedule.
+"""The kinds' edges that the other tests leave open (found by mutation testing of symo/optim/kinds/ -- base,
+polar, root, taylor, published, eigen_adam, then_orthogonalize --, the refresh configs of
+symo/optim/matrix_function_configs.py and linalg's eigh_basis / power_qr_basis), each against an independent
+oracle: a dense float64 eigh, a closed form, the SVD polar factor, pytorch-optimizer's SOAP, the same step on
+separate parameters, or the documented contract of a validation message, an error message, the size cap
+`max_precond_dim` (a block is diagonal when `mult > cap`) or a refresh schedule.
 """
 
 from __future__ import annotations
