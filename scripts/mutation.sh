@@ -71,12 +71,13 @@ PYEOF
     echo "a sample of $(wc -l < sample.txt) mutants, $(wc -l < sample_todo.txt) not yet judged"
     if [[ -s sample_todo.txt ]]; then xargs -a sample_todo.txt "$PY" -m mutmut run --max-children "$JOBS"; fi ;;
   --rerun-survivors)
+    # mutmut forgets every verdict when the tests changed (it re-collects which tests reach what, already
+    # when listing results), so the verdicts are saved first and those of the mutants not re-tested kept:
+    # adding tests cannot revive a killed mutant
+    find mutants/symo -name '*.meta' -exec cp {} {}.before \;
     mapfile -t survivors < <("$PY" -m mutmut results | awk -F': ' '$2 == "survived" {gsub(/ /, "", $1); print $1}' |
                              { if [[ -f sample.txt ]]; then grep -Fxf sample.txt; else cat; fi })
     echo "re-testing ${#survivors[@]} survivors"
-    # mutmut forgets every verdict when the tests changed (it re-collects which tests reach what), so the
-    # verdicts of the mutants not re-tested are kept from before: adding tests cannot revive a killed mutant
-    find mutants/symo -name '*.meta' -exec cp {} {}.before \;
     if (( ${#survivors[@]} )); then "$PY" -m mutmut run --max-children "$JOBS" "${survivors[@]}"; fi
     "$PY" - <<'PYEOF'
 import glob, json
