@@ -115,9 +115,9 @@ def counting_matrix_functions(calls: Counter):
     statistics), by wrapping the two places the step computes them; the tests count with it too."""
     single, refresh = polar_kind.current_statistic_apply, Root.refresh
 
-    def single_counted(y, ys, c, *a, **k):
-        calls[c.where] += 1
-        return single(y, ys, c, *a, **k)
+    def single_counted(y, **k):
+        calls[k["plan"].where] += 1
+        return single(y, **k)
 
     def refresh_counted(self, stage, blocks, ctx):
         for b in blocks:
