@@ -137,13 +137,14 @@ class Chained:
 
 
 def run_one(job: dict) -> dict:
-    """One training run (1 thread)."""
+    """One training run (1 thread) of the arm named `job["arm"]`, or of `job["arm_config"]` where the job carries its
+    own (a diagnostic variant that is not a campaign arm, benchmarks/soap_gap.py)."""
     import torch
 
     torch.set_num_threads(1)
     from symo.train import TrainConfig, train
 
-    setup, arm = job["setup"], ARMS[job["arm"]]
+    setup, arm = job["setup"], job.get("arm_config") or ARMS[job["arm"]]
     out_dir = Path(tempfile.mkdtemp(prefix="nanogpt_matrix_run_"))
     cfg = TrainConfig(optimizer="adamw", lr=job["lr"], seed=job["seed"], progress=False, sample_chars=0,
                       out_dir=str(out_dir), **{k: setup[k] for k in ("steps", "batch_size", "block_size", "n_layer",

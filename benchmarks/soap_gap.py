@@ -1,0 +1,145 @@
+"""Which of SOAP's conventions separates the authors' SOAP from heavyball's on the nanoGPT reference regime.
+
+In benchmarks/results/nanogpt_matrix.md, Symo's `soap` preset (the authors' algorithm and defaults) ends level
+with the authors' own SOAP and behind heavyball's SOAP in the reference regime, while `soap_heavyball` (the same
+algorithm with heavyball's conventions) ends level with heavyball's. The presets differ in two defaults (beta1
+0.95 against 0.9; the eigenbasis refreshed every 10 steps against every 2) and in three details (the refresh
+one step earlier, eps as a clamp, a shift in the QR step). This script changes one default at a time on
+`soap`, at `soap`'s tuned rate with no weight decay, for the campaign's three seeds (same initialization and
+batches), and pairs each variant with `soap` seed by seed:
+
+    python -m benchmarks.soap_gap              # 8 runs of about 10 minutes on 2 workers (about 45 minutes)
+    python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
+
+Runs the campaign already made (`soap` at this point, `soap_heavyball`'s seed 0) are read from its run cache;
+new runs go to benchmarks/results/soap_gap_runs.json. Writes soap_gap.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.harness import RunCache, RunPool, mean_std, paired_diff_ci95, write_results
+from benchmarks.nanogpt_matrix_report import mean_curve, steps_to
+from benchmarks.nanogpt_matrix_runs import REGIMES, RESULTS, job_for, run_one
+
+NAME = "soap_gap"
+REGIME, LR, WD, SEEDS = "reference", 6e-3, 0.0, (0, 1, 2)
+BASE = "symo_soap_gpt_muon"
+# variant -> (label, the campaign arm it reuses or None, options over the soap preset)
+VARIANTS: dict[str, tuple[str, str | None, dict]] = {
+    "soap": ("soap (the authors' conventions)", BASE, {"preset": "soap"}),
+    "soap_beta1_0.9": ("soap, beta1 0.9", None, {"preset": "soap", "beta1": 0.9}),
+    "soap_refresh_2": ("soap, refresh every 2 steps", None, {"preset": "soap", "precondition_frequency": 2}),
+    "soap_heavyball": ("soap_heavyball (all of heavyball's conventions)", "symo_soap_heavyball_gpt_muon",
+                       {"preset": "soap_heavyball"}),
+}
+
+
+def jobs(campaign: RunCache) -> list[dict]:
+    """Every variant's runs; a run the campaign made carries the campaign's key (read from its cache)."""
+    setup, out = REGIMES[REGIME], []
+    for variant, (label, arm, options) in VARIANTS.items():
+        for seed in SEEDS:
+            job = job_for(REGIME, setup, arm, LR, WD, seed) if arm else None
+            if job is None or job["key"] not in campaign:
+                job = job_for(REGIME, setup, f"soap_gap_{variant}", LR, WD, seed)
+                job["arm_config"] = {"kind": "symo", "spec": "gpt_muon", "options": options, "label": label}
+            job["variant"] = variant
+            out.append(job)
+    return out
+
+
+def summarize(records: dict[str, list[dict]], muon_final: float | None) -> tuple[dict, str]:
+    base = {r["seed"]: r["final_val"] for r in records["soap"]}
+    rows, data = [], {}
+    for variant, runs in records.items():
+        label = VARIANTS[variant][0]
+        if len(runs) < len(SEEDS):
+            rows.append(f"| {label} | {len(runs)} of {len(SEEDS)} seeds | | |")
+            continue
+        finals = {r["seed"]: r["final_val"] for r in runs}
+        m, s = mean_std(finals.values())
+        lo, hi = paired_diff_ci95([finals[k] for k in SEEDS], [base[k] for k in SEEDS])
+        reach = steps_to(mean_curve(runs), muon_final) if muon_final is not None else None
+        data[variant] = {"label": label, "final_val_mean": m, "final_val_std": s, "finals": finals,
+                         "diff_to_soap_ci95": [lo, hi], "steps_to_muon_final": reach}
+        interval = "" if variant == "soap" else f"[{lo:+.4f}, {hi:+.4f}]"
+        rows.append(f"| {label} | {m:.4f} ± {s:.4f} | {interval} | {reach if reach is not None else 'not reached'} |")
+    table = ["| variant | final val (3 seeds) | diff to soap, paired 95% | steps to Muon's final loss |",
+             "|---|---|---|---|", *rows]
+    return data, "\n".join(table)
+
+
+def plot(out: Path, records: dict[str, list[dict]], muon_final: float | None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for variant, runs in records.items():
+        if len(runs) == len(SEEDS):
+            steps, vals = zip(*mean_curve(runs))
+            ax.plot(steps, vals, label=VARIANTS[variant][0])
+    if muon_final is not None:
+        ax.axhline(muon_final, color="grey", linestyle=":", label="Muon's mean final loss")
+    ax.set(xlabel="step", ylabel="validation loss (mean of 3 seeds)", ylim=(1.5, 1.9),
+           title=f"nanoGPT {REGIME} regime, lr {LR:g}, no weight decay")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / f"{NAME}.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=2, help="processes for the missing runs (one thread each)")
+    p.add_argument("--report", action="store_true", help="train nothing: report what the run cache holds")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder of the outputs and the run cache")
+    args = p.parse_args(argv)
+    campaign = RunCache(RESULTS / f"nanogpt_matrix_{REGIME}_runs.json")
+    cache = RunCache(args.out / f"{NAME}_runs.json")
+    todo = jobs(campaign)
+    if not args.report:
+        pool = RunPool(run_one, cache, workers=args.workers, desc=NAME)
+        for job in todo:
+            if job["key"] not in campaign:
+                pool.submit(job)
+        pool.run()
+    records: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for job in todo:
+        record = campaign.get(job["key"]) or cache.get(job["key"])
+        if record is not None:
+            records[job["variant"]].append(record)
+    report = RESULTS / "nanogpt_matrix.json"  # Muon's tuned mean final loss, from the campaign's report
+    muon_final = json.loads(report.read_text())[REGIME].get("muon_final") if report.is_file() else None
+    data, table = summarize(records, muon_final)
+    md = "\n".join([
+        "# SOAP's conventions on nanoGPT: which one separates the authors' SOAP from heavyball's",
+        "",
+        f"Command: `python -m benchmarks.soap_gap` ({sum(map(len, records.values()))} runs; the `soap` runs and "
+        "soap_heavyball's seed 0 come from the campaign's run cache)",
+        "",
+        f"The nanoGPT campaign's {REGIME} regime (benchmarks/nanogpt_matrix.py): Symo's `soap` preset on the "
+        f"gpt_muon spec at its tuned rate {LR:g}, no weight decay, seeds {', '.join(map(str, SEEDS))}; each "
+        "variant changes what its row says and nothing else. `diff to soap` is the paired 95% interval of "
+        "(variant - soap) final validation loss (negative: better). Steps to Muon's final loss: the seed-mean "
+        "curve's first evaluation at or below Muon's tuned mean final loss"
+        + (f" ({muon_final:.4f})." if muon_final is not None else "."),
+        "",
+        table,
+        "",
+    ])
+    write_results(args.out, NAME, md, {"regime": REGIME, "lr": LR, "wd": WD, "seeds": list(SEEDS),
+                                       "muon_final_val_mean": muon_final, "variants": data})
+    plot(args.out, records, muon_final)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
