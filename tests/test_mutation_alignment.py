@@ -12,11 +12,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+import symo
 import symo.alignment.alignment as alignment_module
 from symo.alignment import AlignError, AlignWarning, align, barrier, interpolate, repair
-from symo.alignment.activations import _argument, _Stats, model_inputs
+from symo.alignment.activations import Site, _argument, _projection, _Stats, locate, model_inputs
 from symo.alignment.merge import BarrierResult, evaluate
 from symo.alignment.result import AlignResult, SpaceReport, readable_elements
 from symo.train.models import MLP
@@ -157,6 +159,17 @@ def test_a_parameter_only_in_other_is_named() -> None:
     other = dict(b.state_dict(), extra=torch.zeros(2))
     with pytest.raises(AlignError, match=r"'extra' is only in other \(0 only in reference, 1 only in other\)"):
         align(a.state_dict(), other, "mlp_relu")
+
+
+def test_an_inferred_spec_is_said_so_in_the_notes() -> None:
+    """docs/align.md: with spec=None the spec is "inferred from the model and verified (symo infer)"; the
+    result's notes say so (and, verified, every space is true: no check runs, none is relaxed)."""
+    torch.manual_seed(0)
+    a, b = MLP((4, 6, 6, 3), act="relu"), MLP((4, 6, 6, 3), act="relu")
+    result = align(a, b)
+    (note,) = result.notes
+    assert note.startswith("spec inferred from the model and verified") and "(symo infer)" in note, note
+    assert not result.relaxed
 
 
 def test_inferring_from_state_dicts_says_what_to_pass() -> None:
@@ -355,3 +368,56 @@ def test_the_barrier_plot_draws_the_values_against_alpha_with_the_label(tmp_path
     (line,) = ax.lines
     assert list(line.get_xdata()) == [0.0, 0.25, 1.0] and list(line.get_ydata()) == [1.0, 3.0, 2.0]
     assert ax.get_ylabel() == "loss" and [t.get_text() for t in ax.get_legend().get_texts()] == ["aligned"]
+
+
+# ------------------------------------------------ activation matching: where each space is found
+_MLP_SPEC = """name = "h2 kept in place"
+[spaces]
+h1 = { group = "perm" }
+h2 = { group = "identity" }
+[params]
+"fc1.weight" = ["h1", "_"]
+"fc1.bias" = ["h1"]
+"fc2.weight" = ["h2", "h1"]
+"fc2.bias" = ["h2"]
+"fc3.weight" = ["_", "h2"]
+"""
+
+
+def test_a_hidden_space_is_found_at_the_input_of_the_layer_that_reads_it_only() -> None:
+    """activations.py's docstring: a space is found at the *input* of a Linear whose weight's input axis holds
+    it (fc2 reads h1, after the ReLU), the output of one (fc1, before it) only where there is no input."""
+    model = MLP((4, 6, 6, 3), act="relu")
+    sites = locate(model, symo.compile("mlp_relu", model))
+    assert {s: [(x.module, x.side) for x in xs] for s, xs in sites.items()} == {
+        "h1": [("fc2", "input")], "h2": [("fc3", "input")]}
+
+
+def test_an_identity_space_is_not_located() -> None:
+    """A site holds a *moving* space (`_site`'s docstring): h2's group is the identity, it has none, though
+    fc3 reads it on its own."""
+    model = MLP((4, 6, 6, 3), act="relu")
+    sites = locate(model, symo.compile(symo.parse_spec(_MLP_SPEC), model))
+    assert set(sites) == {"h1"} and [(x.module, x.side) for x in sites["h1"]] == [("fc2", "input")]
+
+
+def test_the_attention_projection_is_computed_from_the_thirds_the_site_touches() -> None:
+    """`_projection`'s docstring, against F.linear on in_proj_weight's rows [q | k | v], each third applied to
+    its own input (query, key, value differ here): a slice within v gives v alone, starting at 2e; one over
+    k and v's first row gives k and v side by side (the feature axis), starting at e."""
+    e = 4
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(e, 2, batch_first=True).double()
+    q, k, v = (torch.randn(3, 5, e, dtype=torch.float64) for _ in range(3))
+    w, b = attn.in_proj_weight, attn.in_proj_bias
+    third = {j: F.linear(x, w[j * e:(j + 1) * e], b[j * e:(j + 1) * e]) for j, x in enumerate((q, k, v))}
+
+    def site(start: int, length: int) -> Site:
+        return Site("attn", "projection", -1, start, length, (length,), 0, None)
+
+    t, offset = _projection(attn, (q, k, v), {}, site(2 * e, e))
+    assert offset == 2 * e and torch.equal(t, third[2])
+    t, offset = _projection(attn, (), {"query": q, "key": k, "value": v}, site(e, e + 1))
+    assert offset == e and t.shape == (3, 5, 2 * e) and torch.equal(t, torch.cat([third[1], third[2]], -1))
+    t, offset = _projection(attn, (q, k, v), {}, site(0, 3 * e))
+    assert offset == 0 and torch.equal(t, torch.cat([third[0], third[1], third[2]], -1))
