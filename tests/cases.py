@@ -76,6 +76,20 @@ h = "%s"
 "fc2.weight" = ["_", "h"]
 """
 
+# a 3-layer MLP's two hidden spaces (fc2 maps h1 to h2), their groups left open:
+# MLP2_SPEC.format(h1="perm", h2="perm"); fc2.bias follows h2, fc3's bias is left uncovered
+MLP2_SPEC = """
+[spaces]
+h1 = "{h1}"
+h2 = "{h2}"
+[params]
+"fc1.weight" = ["h1", "_"]
+"fc1.bias" = ["h1"]
+"fc2.weight" = ["h2", "h1"]
+"fc2.bias" = ["h2"]
+"fc3.weight" = ["_", "h2"]
+"""
+
 # a `{i}` stack of one space per layer, its group left open (FAMILY % "perm")
 FAMILY = """
 [spaces]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import sensing_loss
+from cases import MLP2_SPEC, sensing_loss
 from helpers import rel
 from references import ReferenceMuon, ReferenceShampoo  # noqa: E402
 
@@ -413,18 +413,8 @@ def test_config_validation_and_group_options():
         Symo(model.parameters(), MUON)
 
 
-PERM_SPEC = """
-[spaces]
-h1 = "perm"
-h2 = "perm"
-[params]
-"fc1.weight" = ["h1", "_"]
-"fc1.bias" = ["h1"]
-"fc2.weight" = ["h2", "h1"]
-"fc2.bias" = ["h2"]
-"fc3.weight" = ["_", "h2"]
-"fc3.bias" = ["_"]
-"""
+# fc3.bias on the trivial group: a block no space moves
+PERM_SPEC = MLP2_SPEC.format(h1="perm", h2="perm") + '"fc3.bias" = ["_"]\n'
 
 
 @pytest.mark.parametrize("options", [dict(), dict(preconditioner="taylor", beta2=0.9, damping=1e-4),

@@ -1,7 +1,7 @@
 """The published step tells the user when it diverges: a DivergenceWarning within the first steps that show it,
 naming the learning rate (read back from the weights' change) and the step, and suggesting a 3-10x lower rate;
 none at a rate that trains. A 3-layer tanh MLP regression with its true symmetry (signed permutations of both
-hidden layers), written here."""
+hidden layers, cases.MLP2_SPEC); the model is written here."""
 
 from __future__ import annotations
 
@@ -9,22 +9,13 @@ import warnings
 
 import pytest
 import torch
+from cases import MLP2_SPEC
 
 import symo
 from symo.optim import Symo
 from symo.optim.divergence import DivergenceWarning, DivergenceWatch
 
-SPEC = """
-[spaces]
-h1 = "signed_perm"
-h2 = "signed_perm"
-[params]
-"fc1.weight" = ["h1", "_"]
-"fc1.bias" = ["h1"]
-"fc2.weight" = ["h2", "h1"]
-"fc2.bias" = ["h2"]
-"fc3.weight" = ["_", "h2"]
-"""
+SPEC = MLP2_SPEC.format(h1="signed_perm", h2="signed_perm")
 pytestmark = pytest.mark.filterwarnings("ignore:spec .* share one small statistic:UserWarning")  # fc2.weight's block
 
 
