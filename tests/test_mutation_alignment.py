@@ -172,6 +172,16 @@ def test_an_inferred_spec_is_said_so_in_the_notes() -> None:
     assert not result.relaxed
 
 
+def test_the_timings_name_the_documented_stages() -> None:
+    """AlignResult's docstring: `seconds` holds the stages run, in order, named spec, check, activations, match,
+    apply, total; with spec=None no check runs and weight matching uses no activations."""
+    torch.manual_seed(0)
+    result = align(MLP((4, 6, 3)), MLP((4, 6, 3)))
+    assert list(result.seconds) == ["spec", "match", "apply", "total"]
+    assert all(v >= 0 for v in result.seconds.values())
+    assert result.seconds["total"] >= result.seconds["match"] + result.seconds["apply"]
+
+
 def test_inferring_from_state_dicts_says_what_to_pass() -> None:
     a, b = _mlps()
     with pytest.raises(AlignError, match=r"with state dicts pass spec= \(a path, a bundled name or a Spec\)"):

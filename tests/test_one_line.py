@@ -204,3 +204,19 @@ def test_guessed_inputs_are_made_on_the_model_device() -> None:
     args, kwargs = _on_device_of(model, default_example_inputs(model))
     assert [a.device.type for a in args] == ["meta"] and not kwargs
     assert symo.infer.training_spec(model) == symo.infer_spec(TinyTransformer(), relax="muon")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_guessed_inputs_take_the_first_layers_dtype(dtype: torch.dtype) -> None:
+    """align(a, b) and Symo(model) with no example inputs on a float64 (or bfloat16) model: the guessed batch is in
+    the model's dtype, so the trace runs (float32 inputs fail in the first Linear)."""
+    from symo.train.models import MLP
+
+    torch.manual_seed(0)
+    a, b = MLP((4, 6, 3)).to(dtype), MLP((4, 6, 3)).to(dtype)
+    (x,), _ = default_example_inputs(a)
+    assert x.dtype == dtype
+    a(x)  # the model runs on what was guessed
+    if dtype == torch.float64:
+        result = symo.align(a, b)
+        assert result.objective_after >= result.objective_before

@@ -45,8 +45,11 @@ class AlignResult:
     `elements`: per space, its element: `perm` a LongTensor p with x'_i = x_{p_i}; `signed_perm` a pair
     (p, signs) with x'_i = signs_i x_{p_i}; `orthogonal` a matrix Q with x' = Q x; a `per` space has one
     per index of its owner (a leading axis). `matrices` holds every element as (copies, n, n) matrices,
-    ready for `compiled.act`. `converged`: False when the coordinate descent stopped at `max_sweeps` while
-    elements still moved (`sweeps` then equals it): a larger `max_sweeps` may find a better element."""
+    ready for `compiled.act`. `seconds`: wall time per stage, in order: "spec" (compiling or inferring it),
+    "check" (the symmetry check, when run), "activations" (activation matching, when used), "match" (weight
+    matching), "apply" (moving `other`), "total". `converged`: False when the coordinate descent stopped at
+    `max_sweeps` while elements still moved (`sweeps` then equals it): a larger `max_sweeps` may find a better
+    element."""
 
     model: Any
     elements: dict[str, Any]

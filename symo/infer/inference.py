@@ -108,7 +108,7 @@ def _short(names: list[str]) -> str:
 def default_example_inputs(model: nn.Module) -> tuple[tuple, dict]:
     """Inputs for a model that did not come with any: `model.example_inputs()` if it has one, token ids
     for a model with an embedding (Hugging Face models get `use_cache=False`), else a random batch for
-    the first Linear / convolution."""
+    the first Linear / convolution, in that layer's floating dtype (a float64 model gets float64 inputs)."""
     gen = torch.Generator().manual_seed(0)
     maker = getattr(model, "example_inputs", None)
     if callable(maker):
@@ -129,11 +129,13 @@ def default_example_inputs(model: nn.Module) -> tuple[tuple, dict]:
         t = min(8, min(e.num_embeddings for e in embeddings))
         return (torch.randint(0, embeddings[0].num_embeddings, (1, t), generator=gen),), {}
     for m in model.modules():
+        dtype = m.weight.dtype if isinstance(getattr(m, "weight", None), torch.Tensor) else None
+        dtype = dtype if dtype is not None and dtype.is_floating_point else torch.float32
         if isinstance(m, nn.Linear):
-            return (torch.randn(2, m.in_features, generator=gen),), {}
+            return (torch.randn(2, m.in_features, generator=gen, dtype=dtype),), {}
         if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
             k = {nn.Conv1d: 1, nn.Conv2d: 2, nn.Conv3d: 3}[type(m)]
-            return (torch.randn(2, m.in_channels, *([32] * k), generator=gen),), {}
+            return (torch.randn(2, m.in_channels, *([32] * k), generator=gen, dtype=dtype),), {}
     raise ValueError(f"cannot guess example inputs for {type(model).__name__}; pass example_inputs=(tensor, ...) "
                      "or give the model an example_inputs() method")
 
