@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from cases import MLP2_SPEC
 from torch import nn
 
 import symo
@@ -381,17 +382,7 @@ def test_the_barrier_plot_draws_the_values_against_alpha_with_the_label(tmp_path
 
 
 # ------------------------------------------------ activation matching: where each space is found
-_MLP_SPEC = """name = "h2 kept in place"
-[spaces]
-h1 = { group = "perm" }
-h2 = { group = "identity" }
-[params]
-"fc1.weight" = ["h1", "_"]
-"fc1.bias" = ["h1"]
-"fc2.weight" = ["h2", "h1"]
-"fc2.bias" = ["h2"]
-"fc3.weight" = ["_", "h2"]
-"""
+_MLP_SPEC = MLP2_SPEC.format(h1="perm", h2="identity")  # h2 kept in place
 
 
 def test_a_hidden_space_is_found_at_the_input_of_the_layer_that_reads_it_only() -> None:
