@@ -5,10 +5,10 @@ with the authors' own SOAP and behind heavyball's SOAP in the reference regime, 
 algorithm with heavyball's conventions) ends level with heavyball's. The presets differ in two defaults (beta1
 0.95 against 0.9; the eigenbasis refreshed every 10 steps against every 2) and in three details (the refresh
 one step earlier, eps as a clamp, a shift in the QR step). This script changes one default at a time on
-`soap`, at `soap`'s tuned rate with no weight decay, for the campaign's three seeds (same initialization and
-batches), and pairs each variant with `soap` seed by seed:
+`soap`, then both, at `soap`'s tuned rate with no weight decay, for the campaign's three seeds (same
+initialization and batches), and pairs each variant with `soap` seed by seed:
 
-    python -m benchmarks.soap_gap              # 8 runs of about 10 minutes on 2 workers (about 45 minutes)
+    python -m benchmarks.soap_gap              # 11 runs of about 10 minutes on 2 workers (about an hour)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (`soap` at this point, `soap_heavyball`'s seed 0) are read from its run cache;
@@ -34,6 +34,8 @@ VARIANTS: dict[str, tuple[str, str | None, dict]] = {
     "soap": ("soap (the authors' conventions)", BASE, {"preset": "soap"}),
     "soap_beta1_0.9": ("soap, beta1 0.9", None, {"preset": "soap", "beta1": 0.9}),
     "soap_refresh_2": ("soap, refresh every 2 steps", None, {"preset": "soap", "precondition_frequency": 2}),
+    "soap_both_defaults": ("soap, beta1 0.9 and refresh every 2 (heavyball's defaults, the authors' details)", None,
+                           {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
     "soap_heavyball": ("soap_heavyball (all of heavyball's conventions)", "symo_soap_heavyball_gpt_muon",
                        {"preset": "soap_heavyball"}),
 }
@@ -53,7 +55,10 @@ def jobs(campaign: RunCache) -> list[dict]:
     return out
 
 
-def summarize(records: dict[str, list[dict]], muon_final: float | None) -> tuple[dict, str]:
+def summarize(records: dict[str, list[dict]], muon_final: float | None,
+              muon_steps: int | None = None) -> tuple[dict, str]:
+    """Per variant: the final losses, the paired interval against `soap`, and the steps its seed-mean curve takes
+    to Muon's mean final loss (with `muon_steps`, Muon's own, also their ratio, as the campaign reports it)."""
     base = {r["seed"]: r["final_val"] for r in records["soap"]}
     rows, data = [], {}
     for variant, runs in records.items():
@@ -65,11 +70,14 @@ def summarize(records: dict[str, list[dict]], muon_final: float | None) -> tuple
         m, s = mean_std(finals.values())
         lo, hi = paired_diff_ci95([finals[k] for k in SEEDS], [base[k] for k in SEEDS])
         reach = steps_to(mean_curve(runs), muon_final) if muon_final is not None else None
+        ratio = reach / muon_steps if reach is not None and muon_steps else None
         data[variant] = {"label": label, "final_val_mean": m, "final_val_std": s, "finals": finals,
-                         "diff_to_soap_ci95": [lo, hi], "steps_to_muon_final": reach}
+                         "diff_to_soap_ci95": [lo, hi], "steps_to_muon_final": reach,
+                         "steps_to_muon_final_ratio": ratio}
         interval = "" if variant == "soap" else f"[{lo:+.4f}, {hi:+.4f}]"
-        rows.append(f"| {label} | {m:.4f} ± {s:.4f} | {interval} | {reach if reach is not None else 'not reached'} |")
-    table = ["| variant | final val (3 seeds) | diff to soap, paired 95% | steps to Muon's final loss |",
+        steps = "not reached" if reach is None else f"{reach}" + (f" ({ratio:.2f}x)" if ratio is not None else "")
+        rows.append(f"| {label} | {m:.4f} ± {s:.4f} | {interval} | {steps} |")
+    table = ["| variant | final val (3 seeds) | diff to soap, paired 95% | steps to Muon's final loss (vs Muon's) |",
              "|---|---|---|---|", *rows]
     return data, "\n".join(table)
 
@@ -115,9 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         record = campaign.get(job["key"]) or cache.get(job["key"])
         if record is not None:
             records[job["variant"]].append(record)
-    report = RESULTS / "nanogpt_matrix.json"  # Muon's tuned mean final loss, from the campaign's report
-    muon_final = json.loads(report.read_text())[REGIME].get("muon_final") if report.is_file() else None
-    data, table = summarize(records, muon_final)
+    # Muon's tuned configuration and mean final loss, from the campaign's report; its runs from the campaign's cache
+    report = RESULTS / "nanogpt_matrix.json"
+    tuned = json.loads(report.read_text())[REGIME] if report.is_file() else {}
+    muon_final, muon = tuned.get("muon_final"), tuned.get("arms", {}).get("muon")
+    muon_steps = None
+    if muon_final is not None and muon is not None:
+        keys = [job_for(REGIME, REGIMES[REGIME], "muon", muon["lr"], muon["weight_decay"], seed)["key"]
+                for seed in SEEDS]
+        if all(k in campaign for k in keys):
+            muon_steps = steps_to(mean_curve([campaign[k] for k in keys]), muon_final)
+    data, table = summarize(records, muon_final, muon_steps)
     md = "\n".join([
         "# SOAP's conventions on nanoGPT: which one separates the authors' SOAP from heavyball's",
         "",
@@ -129,13 +145,16 @@ def main(argv: list[str] | None = None) -> int:
         "variant changes what its row says and nothing else. `diff to soap` is the paired 95% interval of "
         "(variant - soap) final validation loss (negative: better). Steps to Muon's final loss: the seed-mean "
         "curve's first evaluation at or below Muon's tuned mean final loss"
-        + (f" ({muon_final:.4f})." if muon_final is not None else "."),
+        + (f" ({muon_final:.4f})" if muon_final is not None else "")
+        + (f", and as a ratio of the {muon_steps} steps Muon's own seed-mean curve takes (the campaign's "
+           "`Muon-loss steps`)." if muon_steps else "."),
         "",
         table,
         "",
     ])
     write_results(args.out, NAME, md, {"regime": REGIME, "lr": LR, "wd": WD, "seeds": list(SEEDS),
-                                       "muon_final_val_mean": muon_final, "variants": data})
+                                       "muon_final_val_mean": muon_final, "muon_steps_to_its_final": muon_steps,
+                                       "variants": data})
     plot(args.out, records, muon_final)
     print(md)
     return 0

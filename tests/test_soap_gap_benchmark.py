@@ -25,13 +25,14 @@ def test_campaign_runs_are_reused_and_the_others_carry_their_own_configuration(t
     assert len({job["key"] for job in jobs(campaign)}) == len(planned)
 
 
-def test_each_variant_changes_one_default_of_the_soap_preset() -> None:
+def test_each_variant_changes_the_soap_preset_where_it_says() -> None:
     from symo.optim.presets import get_preset
 
     soap = get_preset("soap").values
     changed = {variant: {k for k, v in options.items() if k != "preset" and soap[k] != v}
                for variant, (_, _, options) in VARIANTS.items() if options["preset"] == "soap"}
-    assert changed == {"soap": set(), "soap_beta1_0.9": {"beta1"}, "soap_refresh_2": {"precondition_frequency"}}
+    assert changed == {"soap": set(), "soap_beta1_0.9": {"beta1"}, "soap_refresh_2": {"precondition_frequency"},
+                       "soap_both_defaults": {"beta1", "precondition_frequency"}}
     assert VARIANTS["soap_heavyball"][2] == {"preset": "soap_heavyball"}
 
 
@@ -44,12 +45,13 @@ def test_the_table_pairs_each_variant_with_soap_seed_by_seed() -> None:
     soap, faster = [1.55, 1.54, 1.56], [1.53, 1.535, 1.54]
     records = {v: [] for v in VARIANTS}
     records["soap"], records["soap_refresh_2"] = _runs(soap, 0.0), _runs(faster, -0.1)
-    data, table = summarize(records, muon_final=1.547)
+    data, table = summarize(records, muon_final=1.547, muon_steps=1000)
     d = [a - b for a, b in zip(faster, soap)]
     half = 4.302652729911275 * statistics.stdev(d) / math.sqrt(3)  # Student t(0.975, 2 degrees of freedom)
     assert data["soap_refresh_2"]["diff_to_soap_ci95"] == pytest.approx([statistics.mean(d) - half,
                                                                          statistics.mean(d) + half])
     assert data["soap_refresh_2"]["steps_to_muon_final"] == 500  # the seed-mean curve is at 1.5 by step 500
+    assert data["soap_refresh_2"]["steps_to_muon_final_ratio"] == 0.5 and "| 500 (0.50x) |" in table
     assert data["soap"]["steps_to_muon_final"] is None  # its seed mean ends at 1.55, above Muon's 1.547
     assert "| not reached |" in table
     assert "soap, beta1 0.9 | 0 of 3 seeds" in table
