@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import interleaved_ms_per_step
-from symo.optim.bases import Eigh
+from symo.optim.bases import Eigh, PowerQR
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -73,6 +73,14 @@ ARMS: dict[str, dict[str, Any]] = {
     # algorithm inside Symo, so that the gap between the two SOAP arms can be read as conventions or not
     "symo_soap_heavyball_gpt_muon": {"kind": "symo", "spec": "gpt_muon", "options": {"preset": "soap_heavyball"},
                                      "grid": [1.5e-3, 3e-3, 6e-3], "label": "Symo soap_heavyball, gpt_muon"},
+    # SOAP-Muon whose inner SOAP refreshes as heavyball's does (every 2 steps, one step earlier, eps as a clamp,
+    # QR with heavyball's shift): benchmarks/soap_gap.py found these worth 0.019 to `soap` at 0.26x Chinchilla
+    "symo_soap_muon_heavyball_gpt_muon": {
+        "kind": "symo", "spec": "gpt_muon", "grid": [0.01, 0.02, 0.04],
+        "options": {"preset": "then_orthogonalize", "inner": "eigen_adam", "two_sided": True, "stats_dtype": "float32",
+                    "precondition_frequency": 2, "refresh_phase": "heavyball", "eps_placement": "clamp",
+                    "refresh": PowerQR(lift=1e-8)},
+        "label": "Symo SOAP-Muon (heavyball's refresh), gpt_muon"},
 }
 
 
