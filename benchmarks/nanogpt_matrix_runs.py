@@ -144,6 +144,17 @@ class Chained:
             o.load_state_dict(s)
 
 
+def perturb(model: Any, relative: float, seed: int) -> None:
+    """Multiply every weight by (1 + relative * N(0, 1)), from a generator of its own (the run's batches and
+    initialization are unchanged apart from this)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + relative * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+
+
 def run_one(job: dict) -> dict:
     """One training run (1 thread) of the arm named `job["arm"]`, or of `job["arm_config"]` where the job carries its
     own (a diagnostic variant that is not a campaign arm, benchmarks/soap_gap.py)."""
@@ -158,9 +169,13 @@ def run_one(job: dict) -> dict:
                       out_dir=str(out_dir), **{k: setup[k] for k in ("steps", "batch_size", "block_size", "n_layer",
                                                                       "n_head", "n_embd", "eval_interval",
                                                                       "eval_batches", "warmup")})
+    def factory(model: Any) -> Any:
+        if job.get("init_perturbation"):  # the run-to-run floor (benchmarks/soap_seeds.py): same seed, weights
+            perturb(model, job["init_perturbation"], job["seed"])  # moved by float32-rounding-sized noise
+        return build(arm, model, job["lr"], job["wd"], setup["adamw_lr"], setup["n_embd"], setup["n_head"])
+
     t = time.perf_counter()
-    res = train(cfg, optimizer_factory=lambda model: build(arm, model, job["lr"], job["wd"], setup["adamw_lr"],
-                                                           setup["n_embd"], setup["n_head"]))
+    res = train(cfg, optimizer_factory=factory)
     h = res["history"]
     evals = [(int(s), v) for s, v in zip(h["step"], h["val_loss"]) if not math.isnan(v)]
     import shutil

@@ -1,0 +1,259 @@
+"""How far apart the nanoGPT campaign's SOAP arms really are: three more seeds, and the run-to-run floor.
+
+The campaign (benchmarks/nanogpt_matrix.py) reports 3 seeds. In its reference regime heavyball's SOAP reaches
+Muon's final loss in 0.84x Muon's steps and Symo's best kinds in 0.88-0.90x, while `soap_heavyball` is heavyball's
+algorithm (tests/test_soap.py). This script asks whether those gaps are more than noise:
+
+- first update: on the reference GPT, how far apart two runs are after their first update when their initial
+  weights differ by a relative 1e-7 (float32 rounding), for the same optimizer, and for Symo against the library;
+- six seeds: seeds 3, 4 and 5 for Muon, heavyball's SOAP, `soap_heavyball` and SOAP-Muon at the campaign's tuned
+  rate and decay, reported with the campaign's seeds 0-2 (same initialization and batches per seed across arms);
+- floor: heavyball's SOAP at seeds 0-2 with the initial weights moved by 1e-7, paired with the campaign's runs.
+
+    python -m benchmarks.soap_seeds              # 15 runs of 5-16 minutes on 2 workers (about 80 minutes)
+    python -m benchmarks.soap_seeds --report     # train nothing: the report of what the run cache holds
+
+Seeds 0-2 come from the campaign's run cache; new runs go to benchmarks/results/soap_seeds_runs.json. Writes
+soap_seeds.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import RunCache, RunPool, mean_std, paired_diff_ci95, write_results
+from benchmarks.nanogpt_matrix_report import mean_curve, steps_to
+from benchmarks.nanogpt_matrix_runs import ARMS, REGIMES, RESULTS, build, job_for, perturb, run_one
+
+NAME = "soap_seeds"
+REGIME = "reference"
+CAMPAIGN_SEEDS, EXTRA_SEEDS = (0, 1, 2), (3, 4, 5)
+EXTENDED = ("muon", "soap", "symo_soap_heavyball_gpt_muon", "symo_soap_muon_gpt_muon")
+FLOOR_ARM, PERTURBATION = "soap", 1e-7
+FLOOR_KEY = f"{FLOOR_ARM}_init_perturbed"
+# (label, arm A, arm B, whether B's initial weights are perturbed): first-update pairs
+FIRST_UPDATE_PAIRS = (
+    ("Muon against itself, initial weights 1e-7 apart", "muon", "muon", True),
+    ("heavyball's SOAP against itself, initial weights 1e-7 apart", "soap", "soap", True),
+    ("Symo soap_heavyball against heavyball's SOAP, same initial weights", "soap", "symo_soap_heavyball_gpt_muon",
+     False),
+    ("Symo SOAP-Muon against itself, initial weights 1e-7 apart", "symo_soap_muon_gpt_muon",
+     "symo_soap_muon_gpt_muon", True),
+)
+
+
+def tuned(regime: str = REGIME) -> dict[str, dict]:
+    """The campaign's chosen (lr, weight decay) per arm, from its report."""
+    return json.loads((RESULTS / "nanogpt_matrix.json").read_text())[regime]["arms"]
+
+
+def jobs(chosen: dict[str, dict]) -> list[dict]:
+    """Every run the report reads: the campaign's seeds and the extra ones per extended arm, then the floor."""
+    setup, out = REGIMES[REGIME], []
+    for arm in EXTENDED:
+        lr, wd = chosen[arm]["lr"], chosen[arm]["weight_decay"]
+        out += [dict(job_for(REGIME, setup, arm, lr, wd, seed), group=arm) for seed in CAMPAIGN_SEEDS + EXTRA_SEEDS]
+    lr, wd = chosen[FLOOR_ARM]["lr"], chosen[FLOOR_ARM]["weight_decay"]
+    for seed in CAMPAIGN_SEEDS:
+        job = job_for(REGIME, setup, FLOOR_KEY, lr, wd, seed)
+        job.update(group=FLOOR_KEY, arm_config=ARMS[FLOOR_ARM], init_perturbation=PERTURBATION)
+        out.append(job)
+    return out
+
+
+def first_update(steps: int = 2) -> list[dict]:
+    """Per pair, the relative difference of the two runs' displacements of the hidden matrices after `steps`
+    steps at the arm's tuned rate (no decay, no schedule) on the reference GPT, seed 0: ||dA - dB|| / ||dA||.
+    SOAP's first step only initializes its statistics, so its first update is the second step."""
+    import torch
+
+    torch.set_num_threads(1)
+    from symo.train.data import load_corpus
+    from symo.train.models import GPT, GPTConfig
+    from symo.train.muon import is_hidden_matrix
+
+    setup, chosen, corpus = REGIMES[REGIME], tuned(), load_corpus(None)
+    torch.manual_seed(0)
+    init = GPT(GPTConfig(block_size=setup["block_size"], vocab_size=corpus.vocab_size, n_layer=setup["n_layer"],
+                         n_head=setup["n_head"], n_embd=setup["n_embd"]))
+    batches = [corpus.batch("train", step, setup["batch_size"], setup["block_size"], 0) for step in range(steps)]
+
+    def displacement(arm: str, perturbed: bool) -> torch.Tensor:
+        model = copy.deepcopy(init)
+        if perturbed:
+            perturb(model, PERTURBATION, 0)
+        start = {n: p.detach().clone() for n, p in model.named_parameters() if is_hidden_matrix(n, p)}
+        opt = build(ARMS[arm], model, chosen[arm]["lr"], 0.0, setup["adamw_lr"], setup["n_embd"], setup["n_head"])
+        for x, y in batches:
+            loss = model(x, y)[1]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        params = dict(model.named_parameters())
+        return torch.cat([(params[n].detach() - w).flatten().double() for n, w in start.items()])
+
+    out = []
+    for label, arm_a, arm_b, perturbed in FIRST_UPDATE_PAIRS:
+        da, db = displacement(arm_a, False), displacement(arm_b, perturbed)
+        out.append({"pair": label, "arm_a": arm_a, "arm_b": arm_b, "perturbed": perturbed,
+                    "relative_difference": float((da - db).norm() / da.norm())})
+    return out
+
+
+def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict]) -> dict[str, Any]:
+    """Per extended arm over 3 and over 6 seeds: final losses, paired intervals against Muon and heavyball's SOAP,
+    and steps to Muon's mean final loss as a ratio of Muon's own (the campaign's `Muon-loss steps`); then the
+    floor: heavyball's SOAP from perturbed initial weights against its campaign runs, beside soap_heavyball."""
+    out: dict[str, Any] = {"arms": {}, "floor": None}
+    for n_seeds, seeds in ((3, CAMPAIGN_SEEDS), (6, CAMPAIGN_SEEDS + EXTRA_SEEDS)):
+        if not all(s in records.get(arm, {}) for arm in EXTENDED for s in seeds):
+            continue
+        muon_runs = [records["muon"][s] for s in seeds]
+        muon_final = mean_std(r["final_val"] for r in muon_runs)[0]
+        muon_steps = steps_to(mean_curve(muon_runs), muon_final)
+        for arm in EXTENDED:
+            runs = [records[arm][s] for s in seeds]
+            finals = [r["final_val"] for r in runs]
+            m, sd = mean_std(finals)
+            reach = steps_to(mean_curve(runs), muon_final)
+            entry = out["arms"].setdefault(arm, {"label": ARMS[arm]["label"], "lr": chosen[arm]["lr"],
+                                                 "weight_decay": chosen[arm]["weight_decay"]})
+            entry[f"seeds_{n_seeds}"] = {
+                "finals": dict(zip(map(str, seeds), finals)), "final_val_mean": m, "final_val_std": sd,
+                "diff_to_muon_ci95": list(paired_diff_ci95(finals, [r["final_val"] for r in muon_runs])),
+                "diff_to_heavyball_soap_ci95": list(paired_diff_ci95(finals, [records["soap"][s]["final_val"]
+                                                                                for s in seeds])),
+                "muon_final_val_mean": muon_final, "steps_to_muon_final": reach,
+                "muon_loss_steps_ratio": reach / muon_steps if reach is not None and muon_steps else None}
+    floor = records.get(FLOOR_KEY, {})
+    if all(s in floor for s in CAMPAIGN_SEEDS) and all(s in records.get(a, {}) for a in
+                                                      (FLOOR_ARM, "symo_soap_heavyball_gpt_muon")
+                                                      for s in CAMPAIGN_SEEDS):
+        base = [records[FLOOR_ARM][s]["final_val"] for s in CAMPAIGN_SEEDS]
+        pert = [floor[s]["final_val"] for s in CAMPAIGN_SEEDS]
+        symo = [records["symo_soap_heavyball_gpt_muon"][s]["final_val"] for s in CAMPAIGN_SEEDS]
+        out["floor"] = {"perturbation": PERTURBATION, "seeds": list(CAMPAIGN_SEEDS), "heavyball_soap": base,
+                        "heavyball_soap_perturbed": pert, "soap_heavyball": symo,
+                        "perturbed_minus_heavyball": [p - b for p, b in zip(pert, base)],
+                        "perturbed_diff_ci95": list(paired_diff_ci95(pert, base)),
+                        "soap_heavyball_minus_heavyball": [s - b for s, b in zip(symo, base)],
+                        "soap_heavyball_diff_ci95": list(paired_diff_ci95(symo, base))}
+    return out
+
+
+def markdown(summary: dict[str, Any], first: list[dict], n_runs: int) -> str:
+    lines = [
+        "# How far apart the SOAP arms are: six seeds and the run-to-run floor",
+        "",
+        f"Command: `python -m benchmarks.soap_seeds` ({n_runs} runs; seeds 0-2 of the campaign's arms come from its "
+        "run cache)",
+        "",
+        f"The nanoGPT campaign's {REGIME} regime (benchmarks/nanogpt_matrix.py), each arm at the campaign's tuned "
+        "rate and decay. Seeds share initialization and batches across arms. Intervals are paired 95% intervals "
+        "of the final validation loss (negative: the row's arm is lower). `Muon-loss steps` = steps the arm's "
+        "seed-mean curve takes to reach Muon's mean final loss over the same seeds, as a ratio of Muon's own.",
+        "",
+        "## The first update",
+        "",
+        "Relative difference of the hidden matrices' displacement after the first update (SOAP's first step only "
+        "initializes its statistics: two steps), reference GPT, seed 0, tuned rate, no decay:",
+        "",
+        "| pair | relative difference |",
+        "|---|---|",
+        *[f"| {r['pair']} | {r['relative_difference']:.2e} |" for r in first],
+        "",
+        "## Three seeds against six",
+        "",
+        "| arm | lr | wd | seeds | final val | diff to Muon, 95% | diff to heavyball SOAP, 95% | Muon-loss steps |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, entry in summary["arms"].items():
+        for n in (3, 6):
+            e = entry.get(f"seeds_{n}")
+            if e is None:
+                continue
+            d_muon = "-" if arm == "muon" else "[{:+.4f}, {:+.4f}]".format(*e["diff_to_muon_ci95"])
+            d_soap = "-" if arm == "soap" else "[{:+.4f}, {:+.4f}]".format(*e["diff_to_heavyball_soap_ci95"])
+            ratio = e["muon_loss_steps_ratio"]
+            lines.append(f"| {entry['label']} | {entry['lr']:g} | {entry['weight_decay']:g} | {n} | "
+                         f"{e['final_val_mean']:.4f} ± {e['final_val_std']:.4f} | {d_muon} | {d_soap} | "
+                         f"{'not reached' if ratio is None else f'{ratio:.2f}x'} |")
+    floor = summary["floor"]
+    if floor is not None:
+        lines += [
+            "",
+            "## The floor: the same SOAP from initial weights 1e-7 apart",
+            "",
+            f"heavyball's SOAP at its tuned rate and decay, seeds {', '.join(map(str, floor['seeds']))}, with every "
+            f"initial weight multiplied by (1 + {floor['perturbation']:g} N(0, 1)), against the campaign's runs of "
+            "the same seeds; beside it, Symo's soap_heavyball against the same runs.",
+            "",
+            "| runs against heavyball's SOAP | per-seed difference in final loss | paired 95% |",
+            "|---|---|---|",
+            "| heavyball's SOAP, perturbed | {} | [{:+.4f}, {:+.4f}] |".format(
+                ", ".join(f"{d:+.4f}" for d in floor["perturbed_minus_heavyball"]), *floor["perturbed_diff_ci95"]),
+            "| Symo soap_heavyball | {} | [{:+.4f}, {:+.4f}] |".format(
+                ", ".join(f"{d:+.4f}" for d in floor["soap_heavyball_minus_heavyball"]),
+                *floor["soap_heavyball_diff_ci95"]),
+        ]
+    return "\n".join(lines + [""])
+
+
+def plot(out: Path, records: dict[str, dict[int, dict]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = CAMPAIGN_SEEDS + EXTRA_SEEDS
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm in EXTENDED:
+        if all(s in records.get(arm, {}) for s in seeds):
+            steps, vals = zip(*mean_curve([records[arm][s] for s in seeds]))
+            ax.plot(steps, vals, label=ARMS[arm]["label"])
+    ax.set(xlabel="step", ylabel="validation loss (mean of 6 seeds)", ylim=(1.5, 1.8),
+           title=f"nanoGPT {REGIME} regime, tuned rate and decay")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / f"{NAME}.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=2, help="processes for the missing runs (one thread each)")
+    p.add_argument("--report", action="store_true", help="train nothing: report what the run cache holds")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder of the outputs and the run cache")
+    args = p.parse_args(argv)
+    campaign = RunCache(RESULTS / f"nanogpt_matrix_{REGIME}_runs.json")
+    cache = RunCache(args.out / f"{NAME}_runs.json")
+    chosen = tuned()
+    todo = jobs(chosen)
+    if not args.report:
+        pool = RunPool(run_one, cache, workers=args.workers, desc=NAME)
+        for job in todo:
+            if job["key"] not in campaign:
+                pool.submit(job)
+        pool.run()
+    records: dict[str, dict[int, dict]] = {}
+    for job in todo:
+        record = campaign.get(job["key"]) or cache.get(job["key"])
+        if record is not None:
+            records.setdefault(job["group"], {})[job["seed"]] = record
+    first = first_update()
+    summary = summarize(records, chosen)
+    n_runs = sum(map(len, records.values()))
+    md = markdown(summary, first, n_runs)
+    write_results(args.out, NAME, md, {"regime": REGIME, "first_update": first, **summary})
+    plot(args.out, records)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
