@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -105,6 +106,21 @@ def first_update(steps: int = 2) -> list[dict]:
     return out
 
 
+def muon_loss_steps_ratio(arm_runs: list[dict], muon_runs: list[dict]) -> float | None:
+    """Steps the arm's seed-mean curve takes to Muon's mean final loss, as a ratio of Muon's own."""
+    muon_final = mean_std(r["final_val"] for r in muon_runs)[0]
+    reach, muon_steps = steps_to(mean_curve(arm_runs), muon_final), steps_to(mean_curve(muon_runs), muon_final)
+    return reach / muon_steps if reach is not None and muon_steps else None
+
+
+def subset_ratios(records: dict[str, dict[int, dict]], arm: str) -> list[float | None]:
+    """The campaign's 3-seed `Muon-loss steps` ratio on each of the 20 three-seed subsets of the six seeds (the
+    same subset for the arm and for Muon): how much the 3-seed figure moves with the choice of seeds."""
+    seeds = CAMPAIGN_SEEDS + EXTRA_SEEDS
+    return [muon_loss_steps_ratio([records[arm][s] for s in subset], [records["muon"][s] for s in subset])
+            for subset in itertools.combinations(seeds, len(CAMPAIGN_SEEDS))]
+
+
 def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict]) -> dict[str, Any]:
     """Per extended arm over 3 and over 6 seeds: final losses, paired intervals against Muon and heavyball's SOAP,
     and steps to Muon's mean final loss as a ratio of Muon's own (the campaign's `Muon-loss steps`); then the
@@ -115,12 +131,12 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict]) -> d
             continue
         muon_runs = [records["muon"][s] for s in seeds]
         muon_final = mean_std(r["final_val"] for r in muon_runs)[0]
-        muon_steps = steps_to(mean_curve(muon_runs), muon_final)
         for arm in EXTENDED:
             runs = [records[arm][s] for s in seeds]
             finals = [r["final_val"] for r in runs]
             m, sd = mean_std(finals)
             reach = steps_to(mean_curve(runs), muon_final)
+            ratio = muon_loss_steps_ratio(runs, muon_runs)
             entry = out["arms"].setdefault(arm, {"label": ARMS[arm]["label"], "lr": chosen[arm]["lr"],
                                                  "weight_decay": chosen[arm]["weight_decay"]})
             entry[f"seeds_{n_seeds}"] = {
@@ -129,7 +145,10 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict]) -> d
                 "diff_to_heavyball_soap_ci95": list(paired_diff_ci95(finals, [records["soap"][s]["final_val"]
                                                                                 for s in seeds])),
                 "muon_final_val_mean": muon_final, "steps_to_muon_final": reach,
-                "muon_loss_steps_ratio": reach / muon_steps if reach is not None and muon_steps else None}
+                "muon_loss_steps_ratio": ratio}
+    for arm, entry in out["arms"].items():
+        if "seeds_6" in entry and arm != "muon":
+            entry["subset_ratios"] = subset_ratios(records, arm)
     floor = records.get(FLOOR_KEY, {})
     if all(s in floor for s in CAMPAIGN_SEEDS) and all(s in records.get(a, {}) for a in
                                                       (FLOOR_ARM, "symo_soap_heavyball_gpt_muon")
@@ -172,6 +191,7 @@ def markdown(summary: dict[str, Any], first: list[dict], n_runs: int) -> str:
         "| arm | lr | wd | seeds | final val | diff to Muon, 95% | diff to heavyball SOAP, 95% | Muon-loss steps |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    spread = []
     for arm, entry in summary["arms"].items():
         for n in (3, 6):
             e = entry.get(f"seeds_{n}")
@@ -183,6 +203,12 @@ def markdown(summary: dict[str, Any], first: list[dict], n_runs: int) -> str:
             lines.append(f"| {entry['label']} | {entry['lr']:g} | {entry['weight_decay']:g} | {n} | "
                          f"{e['final_val_mean']:.4f} ± {e['final_val_std']:.4f} | {d_muon} | {d_soap} | "
                          f"{'not reached' if ratio is None else f'{ratio:.2f}x'} |")
+        if "subset_ratios" in entry:
+            spread.append(f"| {entry['label']} | {subset_spread(entry['subset_ratios'])} |")
+    if spread:
+        lines += ["", "The 3-seed `Muon-loss steps` on each of the 20 three-seed subsets of the six seeds (the arm and "
+                  "Muon on the same subset; the campaign's seeds 0-2 are one of them):", "",
+                  "| arm | median | range | subsets at or under 0.85x |", "|---|---|---|---|", *spread]
     floor = summary["floor"]
     if floor is not None:
         lines += [
@@ -202,6 +228,15 @@ def markdown(summary: dict[str, Any], first: list[dict], n_runs: int) -> str:
                 *floor["soap_heavyball_diff_ci95"]),
         ]
     return "\n".join(lines + [""])
+
+
+def subset_spread(ratios: list[float | None]) -> str:
+    """Median, range and the count at or under 0.85x of the subset ratios (a subset that never reaches Muon's
+    loss counts as above every ratio)."""
+    ranked = sorted(ratios, key=lambda r: float("inf") if r is None else r)
+    show = [("not reached" if r is None else f"{r:.2f}x") for r in ranked]
+    under = sum(r is not None and r <= 0.85 for r in ratios)
+    return f"{show[len(show) // 2]} | {show[0]} to {show[-1]} | {under} of {len(ratios)}"
 
 
 def plot(out: Path, records: dict[str, dict[int, dict]]) -> None:

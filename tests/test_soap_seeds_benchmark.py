@@ -68,9 +68,13 @@ def test_three_and_six_seeds_are_paired_with_muon_and_heavyballs_soap_seed_by_se
     # over 6 seeds Muon's mean is 1.55 again, and SOAP-Muon's seed-mean curve is at 1.545 by step 500
     assert out["arms"]["symo_soap_muon_gpt_muon"]["seeds_6"]["steps_to_muon_final"] == 500
     assert out["floor"] is None  # no perturbed runs yet
+    # the 20 three-seed subsets: every subset's Muon mean is at least 1.545, which SOAP's seed-mean curve is under
+    # by step 500 and Muon's own reaches at step 1000
+    soap_ratios = out["arms"]["soap"]["subset_ratios"]
+    assert len(soap_ratios) == 20 and set(soap_ratios) == {0.5} and "subset_ratios" not in out["arms"]["muon"]
     md = soap_seeds.markdown(out, [{"pair": "a against b", "relative_difference": 0.5}], 24)
     assert "| a against b | 5.00e-01 |" in md and "| SOAP (heavyball) | 0.02 | 0.05 | 6 |" in md
-    assert "The floor" not in md
+    assert "The floor" not in md and "| SOAP (heavyball) | 0.50x | 0.50x to 0.50x | 20 of 20 |" in md
 
 
 def test_the_floor_pairs_the_perturbed_runs_and_soap_heavyball_with_the_campaign_runs() -> None:
