@@ -32,6 +32,9 @@ QUICK = {"batch_size": 4, "block_size": 16, "steps": 10, "eval_interval": 5, "ev
 OLDER_EIGEN_ADAM = {"first_step": "update", "statistic_timing": "before", "refresh": Eigh(), "null_directions": "drop",
                     "eps_placement": "adam", "max_precond_dim": 2048}
 
+# SOAP-Muon: the polar factor of SOAP's direction, both sides from one spec, Muon's scale
+SOAP_MUON = {"preset": "then_orthogonalize", "inner": "eigen_adam", "two_sided": True, "stats_dtype": "float32"}
+
 LABELS = {"eigen_adam": "eigen_adam (older conventions)", "one_sided_soap": "eigen_adam (one-sided SOAP)",
           "soap": "soap", "soap_muon": "SOAP-Muon"}
 # arm -> how it is built and its starting learning-rate grid (hidden matrices; AdamW: every parameter)
@@ -64,10 +67,7 @@ ARMS: dict[str, dict[str, Any]] = {
            ("one_sided_soap", {"preset": "eigen_adam"}, [1.5e-3, 3e-3, 6e-3]),
            ("then_orthogonalize", {"preset": "then_orthogonalize"}, [0.01, 0.02, 0.04]),
            ("soap", {"preset": "soap"}, [1.5e-3, 3e-3, 6e-3]),
-           # SOAP-Muon: the polar factor of SOAP's direction, both sides from one spec, Muon's scale
-           ("soap_muon", {"preset": "then_orthogonalize", "inner": "eigen_adam", "two_sided": True,
-                          "stats_dtype": "float32"},
-            [0.01, 0.02, 0.04]))
+           ("soap_muon", SOAP_MUON, [0.01, 0.02, 0.04]))
        for spec in ("gpt_true", "gpt_muon")},
     # the same SOAP with heavyball's conventions (betas (0.9, 0.95), refresh every 2): the heavyball arm's
     # algorithm inside Symo, so that the gap between the two SOAP arms can be read as conventions or not
@@ -77,8 +77,7 @@ ARMS: dict[str, dict[str, Any]] = {
     # QR with heavyball's shift): benchmarks/soap_gap.py found these worth 0.019 to `soap` at 0.26x Chinchilla
     "symo_soap_muon_heavyball_gpt_muon": {
         "kind": "symo", "spec": "gpt_muon", "grid": [0.01, 0.02, 0.04],
-        "options": {"preset": "then_orthogonalize", "inner": "eigen_adam", "two_sided": True, "stats_dtype": "float32",
-                    "precondition_frequency": 2, "refresh_phase": "heavyball", "eps_placement": "clamp",
+        "options": {**SOAP_MUON, "precondition_frequency": 2, "refresh_phase": "heavyball", "eps_placement": "clamp",
                     "refresh": PowerQR(lift=1e-8)},
         "label": "Symo SOAP-Muon (heavyball's refresh), gpt_muon"},
 }
