@@ -6,11 +6,12 @@ algorithm (tests/test_soap.py). This script asks whether those gaps are more tha
 
 - first update: on the reference GPT, how far apart two runs are after their first update when their initial
   weights differ by a relative 1e-7 (float32 rounding), for the same optimizer, and for Symo against the library;
-- six seeds: seeds 3, 4 and 5 for Muon, heavyball's SOAP, `soap_heavyball` and SOAP-Muon at the campaign's tuned
-  rate and decay, reported with the campaign's seeds 0-2 (same initialization and batches per seed across arms);
+- six seeds: seeds 3, 4 and 5 for Muon, heavyball's SOAP, `soap_heavyball`, SOAP-Muon, `soap` and the authors' SOAP
+  (pytorch-optimizer) at the campaign's tuned rate and decay, reported with the campaign's seeds 0-2 (same
+  initialization and batches per seed across arms);
 - floor: heavyball's SOAP at seeds 0-2 with the initial weights moved by 1e-7, paired with the campaign's runs.
 
-    python -m benchmarks.soap_seeds              # 15 runs of 5-16 minutes on 2 workers (about 80 minutes)
+    python -m benchmarks.soap_seeds              # 21 runs of 5-10 minutes on 2 workers (about 80 minutes)
     python -m benchmarks.soap_seeds --report     # train nothing: the report of what the run cache holds
 
 Seeds 0-2 come from the campaign's run cache; new runs go to benchmarks/results/soap_seeds_runs.json. Writes
@@ -34,7 +35,8 @@ from benchmarks.nanogpt_matrix_runs import ARMS, REGIMES, RESULTS, build, job_fo
 NAME = "soap_seeds"
 REGIME = "reference"
 CAMPAIGN_SEEDS, EXTRA_SEEDS = (0, 1, 2), (3, 4, 5)
-EXTENDED = ("muon", "soap", "symo_soap_heavyball_gpt_muon", "symo_soap_muon_gpt_muon")
+EXTENDED = ("muon", "soap", "symo_soap_heavyball_gpt_muon", "symo_soap_muon_gpt_muon", "symo_soap_gpt_muon",
+            "soap_authors")
 FLOOR_ARM, PERTURBATION = "soap", 1e-7
 FLOOR_KEY = f"{FLOOR_ARM}_init_perturbed"
 # (label, arm A, arm B, whether B's initial weights are perturbed): first-update pairs
