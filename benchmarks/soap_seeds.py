@@ -6,15 +6,16 @@ algorithm (tests/test_soap.py). This script asks whether those gaps are more tha
 
 - first update: on the reference GPT, how far apart two runs are after their first update when their initial
   weights differ by a relative 1e-7 (float32 rounding), for the same optimizer, and for Symo against the library;
-- six seeds: seeds 3, 4 and 5 for Muon, heavyball's SOAP, `soap_heavyball`, SOAP-Muon, `soap` and the authors' SOAP
-  (pytorch-optimizer) at the campaign's tuned rate and decay, reported with the campaign's seeds 0-2 (same
-  initialization and batches per seed across arms);
-- floor: heavyball's SOAP at seeds 0-2 with the initial weights moved by 1e-7, paired with the campaign's runs.
+- six seeds, in both regimes: seeds 3, 4 and 5 for Muon, heavyball's SOAP, `soap_heavyball`, SOAP-Muon, `soap`
+  and the authors' SOAP (pytorch-optimizer) at the campaign's tuned rate and decay, reported with the campaign's
+  seeds 0-2 (same initialization and batches per seed across arms);
+- floor (reference regime): heavyball's SOAP at seeds 0-2 with the initial weights moved by 1e-7, paired with the
+  campaign's runs.
 
-    python -m benchmarks.soap_seeds              # 21 runs of 5-10 minutes on 2 workers (about 80 minutes)
+    python -m benchmarks.soap_seeds              # 39 runs of 2-10 minutes on 2 workers (about 2 hours)
     python -m benchmarks.soap_seeds --report     # train nothing: the report of what the run cache holds
 
-Seeds 0-2 come from the campaign's run cache; new runs go to benchmarks/results/soap_seeds_runs.json. Writes
+Seeds 0-2 come from the campaign's run caches; new runs go to benchmarks/results/soap_seeds_runs.json. Writes
 soap_seeds.{md,json,png}.
 """
 
@@ -33,7 +34,8 @@ from benchmarks.nanogpt_matrix_report import mean_curve, steps_to
 from benchmarks.nanogpt_matrix_runs import ARMS, REGIMES, RESULTS, build, job_for, perturb, run_one
 
 NAME = "soap_seeds"
-REGIME = "reference"
+MEASURED = ("reference", "data_rich")
+FLOOR_REGIME = "reference"  # the floor and the first update: the regime whose SOAP gaps the goals are about
 CAMPAIGN_SEEDS, EXTRA_SEEDS = (0, 1, 2), (3, 4, 5)
 EXTENDED = ("muon", "soap", "symo_soap_heavyball_gpt_muon", "symo_soap_muon_gpt_muon", "symo_soap_gpt_muon",
             "soap_authors")
@@ -50,20 +52,23 @@ FIRST_UPDATE_PAIRS = (
 )
 
 
-def tuned(regime: str = REGIME) -> dict[str, dict]:
+def tuned(regime: str) -> dict[str, dict]:
     """The campaign's chosen (lr, weight decay) per arm, from its report."""
     return json.loads((RESULTS / "nanogpt_matrix.json").read_text())[regime]["arms"]
 
 
-def jobs(chosen: dict[str, dict]) -> list[dict]:
-    """Every run the report reads: the campaign's seeds and the extra ones per extended arm, then the floor."""
-    setup, out = REGIMES[REGIME], []
+def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
+    """Every run the report reads in `regime`: the campaign's seeds and the extra ones per extended arm, then (in
+    the floor's regime) the perturbed runs."""
+    setup, out = REGIMES[regime], []
     for arm in EXTENDED:
         lr, wd = chosen[arm]["lr"], chosen[arm]["weight_decay"]
-        out += [dict(job_for(REGIME, setup, arm, lr, wd, seed), group=arm) for seed in CAMPAIGN_SEEDS + EXTRA_SEEDS]
+        out += [dict(job_for(regime, setup, arm, lr, wd, seed), group=arm) for seed in CAMPAIGN_SEEDS + EXTRA_SEEDS]
+    if regime != FLOOR_REGIME:
+        return out
     lr, wd = chosen[FLOOR_ARM]["lr"], chosen[FLOOR_ARM]["weight_decay"]
     for seed in CAMPAIGN_SEEDS:
-        job = job_for(REGIME, setup, FLOOR_KEY, lr, wd, seed)
+        job = job_for(regime, setup, FLOOR_KEY, lr, wd, seed)
         job.update(group=FLOOR_KEY, arm_config=ARMS[FLOOR_ARM], init_perturbation=PERTURBATION)
         out.append(job)
     return out
@@ -80,7 +85,7 @@ def first_update(steps: int = 2) -> list[dict]:
     from symo.train.models import GPT, GPTConfig
     from symo.train.muon import is_hidden_matrix
 
-    setup, chosen, corpus = REGIMES[REGIME], tuned(), load_corpus(None)
+    setup, chosen, corpus = REGIMES[FLOOR_REGIME], tuned(FLOOR_REGIME), load_corpus(None)
     torch.manual_seed(0)
     init = GPT(GPTConfig(block_size=setup["block_size"], vocab_size=corpus.vocab_size, n_layer=setup["n_layer"],
                          n_head=setup["n_head"], n_embd=setup["n_embd"]))
@@ -167,28 +172,36 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict]) -> d
     return out
 
 
-def markdown(summary: dict[str, Any], first: list[dict], n_runs: int) -> str:
+def markdown(summaries: dict[str, dict[str, Any]], first: list[dict], n_runs: int) -> str:
     lines = [
         "# How far apart the SOAP arms are: six seeds and the run-to-run floor",
         "",
         f"Command: `python -m benchmarks.soap_seeds` ({n_runs} runs; seeds 0-2 of the campaign's arms come from its "
-        "run cache)",
+        "run caches)",
         "",
-        f"The nanoGPT campaign's {REGIME} regime (benchmarks/nanogpt_matrix.py), each arm at the campaign's tuned "
-        "rate and decay. Seeds share initialization and batches across arms. Intervals are paired 95% intervals "
-        "of the final validation loss (negative: the row's arm is lower). `Muon-loss steps` = steps the arm's "
-        "seed-mean curve takes to reach Muon's mean final loss over the same seeds, as a ratio of Muon's own.",
+        "The nanoGPT campaign's regimes (benchmarks/nanogpt_matrix.py), each arm at the campaign's tuned rate and "
+        "decay. Seeds share initialization and batches across arms. Intervals are paired 95% intervals of the "
+        "final validation loss (negative: the row's arm is lower). `Muon-loss steps` = steps the arm's seed-mean "
+        "curve takes to reach Muon's mean final loss over the same seeds, as a ratio of Muon's own.",
         "",
         "## The first update",
         "",
         "Relative difference of the hidden matrices' displacement after the first update (SOAP's first step only "
-        "initializes its statistics: two steps), reference GPT, seed 0, tuned rate, no decay:",
+        f"initializes its statistics: two steps), {FLOOR_REGIME} GPT, seed 0, tuned rate, no decay:",
         "",
         "| pair | relative difference |",
         "|---|---|",
         *[f"| {r['pair']} | {r['relative_difference']:.2e} |" for r in first],
+    ]
+    for regime, summary in summaries.items():
+        lines += regime_section(regime, summary)
+    return "\n".join(lines + [""])
+
+
+def regime_section(regime: str, summary: dict[str, Any]) -> list[str]:
+    lines = [
         "",
-        "## Three seeds against six",
+        f"## {regime}: three seeds against six",
         "",
         "| arm | lr | wd | seeds | final val | diff to Muon, 95% | diff to heavyball SOAP, 95% | Muon-loss steps |",
         "|---|---|---|---|---|---|---|---|",
@@ -215,7 +228,7 @@ def markdown(summary: dict[str, Any], first: list[dict], n_runs: int) -> str:
     if floor is not None:
         lines += [
             "",
-            "## The floor: the same SOAP from initial weights 1e-7 apart",
+            f"## {regime}: the floor, the same SOAP from initial weights 1e-7 apart",
             "",
             f"heavyball's SOAP at its tuned rate and decay, seeds {', '.join(map(str, floor['seeds']))}, with every "
             f"initial weight multiplied by (1 + {floor['perturbation']:g} N(0, 1)), against the campaign's runs of "
@@ -229,7 +242,7 @@ def markdown(summary: dict[str, Any], first: list[dict], n_runs: int) -> str:
                 ", ".join(f"{d:+.4f}" for d in floor["soap_heavyball_minus_heavyball"]),
                 *floor["soap_heavyball_diff_ci95"]),
         ]
-    return "\n".join(lines + [""])
+    return lines
 
 
 def subset_spread(ratios: list[float | None]) -> str:
@@ -241,21 +254,23 @@ def subset_spread(ratios: list[float | None]) -> str:
     return f"{show[len(show) // 2]} | {show[0]} to {show[-1]} | {under} of {len(ratios)}"
 
 
-def plot(out: Path, records: dict[str, dict[int, dict]]) -> None:
+def plot(out: Path, records: dict[str, dict[str, dict[int, dict]]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     seeds = CAMPAIGN_SEEDS + EXTRA_SEEDS
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for arm in EXTENDED:
-        if all(s in records.get(arm, {}) for s in seeds):
-            steps, vals = zip(*mean_curve([records[arm][s] for s in seeds]))
-            ax.plot(steps, vals, label=ARMS[arm]["label"])
-    ax.set(xlabel="step", ylabel="validation loss (mean of 6 seeds)", ylim=(1.5, 1.8),
-           title=f"nanoGPT {REGIME} regime, tuned rate and decay")
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, len(records), figsize=(6 * len(records), 4), squeeze=False)
+    for ax, (regime, by_arm) in zip(axes[0], records.items()):
+        for arm in EXTENDED:
+            if all(s in by_arm.get(arm, {}) for s in seeds):
+                steps, vals = zip(*mean_curve([by_arm[arm][s] for s in seeds]))
+                ax.plot(steps, vals, label=ARMS[arm]["label"])
+        low = min((r["final_val"] for runs in by_arm.values() for r in runs.values()), default=1.5)
+        ax.set(xlabel="step", ylabel="validation loss (mean of 6 seeds)", ylim=(low - 0.02, low + 0.3),
+               title=f"nanoGPT {regime} regime, tuned rate and decay")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / f"{NAME}.png", dpi=120)
     plt.close(fig)
@@ -267,26 +282,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", action="store_true", help="train nothing: report what the run cache holds")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder of the outputs and the run cache")
     args = p.parse_args(argv)
-    campaign = RunCache(RESULTS / f"nanogpt_matrix_{REGIME}_runs.json")
     cache = RunCache(args.out / f"{NAME}_runs.json")
-    chosen = tuned()
-    todo = jobs(chosen)
+    campaigns = {regime: RunCache(RESULTS / f"nanogpt_matrix_{regime}_runs.json") for regime in MEASURED}
+    chosen = {regime: tuned(regime) for regime in MEASURED}
+    todo = {regime: jobs(chosen[regime], regime) for regime in MEASURED}
     if not args.report:
         pool = RunPool(run_one, cache, workers=args.workers, desc=NAME)
-        for job in todo:
-            if job["key"] not in campaign:
-                pool.submit(job)
+        for regime in MEASURED:
+            for job in todo[regime]:
+                if job["key"] not in campaigns[regime]:
+                    pool.submit(job)
         pool.run()
-    records: dict[str, dict[int, dict]] = {}
-    for job in todo:
-        record = campaign.get(job["key"]) or cache.get(job["key"])
-        if record is not None:
-            records.setdefault(job["group"], {})[job["seed"]] = record
+    records: dict[str, dict[str, dict[int, dict]]] = {regime: {} for regime in MEASURED}
+    for regime in MEASURED:
+        for job in todo[regime]:
+            record = campaigns[regime].get(job["key"]) or cache.get(job["key"])
+            if record is not None:
+                records[regime].setdefault(job["group"], {})[job["seed"]] = record
     first = first_update()
-    summary = summarize(records, chosen)
-    n_runs = sum(map(len, records.values()))
-    md = markdown(summary, first, n_runs)
-    write_results(args.out, NAME, md, {"regime": REGIME, "first_update": first, **summary})
+    summaries = {regime: summarize(records[regime], chosen[regime]) for regime in MEASURED}
+    n_runs = sum(len(runs) for by_arm in records.values() for runs in by_arm.values())
+    md = markdown(summaries, first, n_runs)
+    write_results(args.out, NAME, md, {"first_update": first, "regimes": summaries})
     plot(args.out, records)
     print(md)
     return 0

@@ -19,18 +19,20 @@ CHOSEN = {arm: {"lr": 0.01 * (i + 1), "weight_decay": 0.05} for i, arm in enumer
 def test_campaign_seeds_carry_the_campaign_keys_and_the_floor_carries_its_perturbation() -> None:
     from benchmarks.nanogpt_matrix_runs import ARMS, REGIMES
 
-    planned = jobs(CHOSEN)
+    planned = jobs(CHOSEN, "reference")
     seeds = CAMPAIGN_SEEDS + EXTRA_SEEDS
     assert len(planned) == len(EXTENDED) * len(seeds) + len(CAMPAIGN_SEEDS)
     for arm in EXTENDED:  # the campaign's own keys, so that its cached runs are read rather than retrained
         keys = {job["key"] for job in planned if job["group"] == arm}
-        regime = soap_seeds.REGIME
+        regime = "reference"
         assert keys == {job_for(regime, REGIMES[regime], arm, CHOSEN[arm]["lr"], 0.05, s)["key"] for s in seeds}
     floor = [job for job in planned if job["group"] == FLOOR_KEY]
     assert [job["seed"] for job in floor] == list(CAMPAIGN_SEEDS)
     assert all(job["arm_config"] is ARMS[soap_seeds.FLOOR_ARM] and job["init_perturbation"] == PERTURBATION and
                job["lr"] == CHOSEN[soap_seeds.FLOOR_ARM]["lr"] for job in floor)
     assert len({job["key"] for job in planned}) == len(planned)
+    rich = jobs(CHOSEN, "data_rich")  # the floor is measured in the reference regime only
+    assert len(rich) == len(EXTENDED) * len(seeds) and all(job["key"].startswith("data_rich/") for job in rich)
 
 
 def _run(seed: int, final: float, mid: float) -> dict:
@@ -75,7 +77,7 @@ def test_three_and_six_seeds_are_paired_with_muon_and_heavyballs_soap_seed_by_se
     # by step 500 and Muon's own reaches at step 1000
     soap_ratios = out["arms"]["soap"]["subset_ratios"]
     assert len(soap_ratios) == 20 and set(soap_ratios) == {0.5} and "subset_ratios" not in out["arms"]["muon"]
-    md = soap_seeds.markdown(out, [{"pair": "a against b", "relative_difference": 0.5}], 24)
+    md = soap_seeds.markdown({"reference": out}, [{"pair": "a against b", "relative_difference": 0.5}], 24)
     assert "| a against b | 5.00e-01 |" in md and "| SOAP (heavyball) | 0.02 | 0.05 | 6 |" in md
     assert "The floor" not in md and "| SOAP (heavyball) | 0.50x | 0.50x to 0.50x | 20 of 20 |" in md
 
@@ -91,7 +93,7 @@ def test_the_floor_pairs_the_perturbed_runs_and_soap_heavyball_with_the_campaign
     assert floor["perturbed_diff_ci95"] == pytest.approx(_t_interval([0.002, -0.001, 0.005]))
     assert floor["soap_heavyball_minus_heavyball"] == pytest.approx([0.01, 0.02, 0.0])
     assert set(out["arms"]["soap"]) == {"label", "lr", "weight_decay", "seeds_3"}  # soap_heavyball has 3 seeds
-    md = soap_seeds.markdown(out, [], 15)
+    md = soap_seeds.markdown({"reference": out}, [], 15)
     assert "| heavyball's SOAP, perturbed | +0.0020, -0.0010, +0.0050 |" in md
 
 
