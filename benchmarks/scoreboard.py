@@ -57,6 +57,13 @@ def _nanogpt_matrix(d: dict) -> dict[str, dict[str, float]]:
             for regime, r in d.items() if isinstance(r, dict) and "arms" in r and regime != "screen"}
 
 
+def _soap_seeds(d: dict) -> dict[str, dict[str, float]]:
+    # the campaign's leading arms over six seeds instead of three
+    return {f"nanogpt_matrix {regime}, six seeds": {k: o["seeds_6"]["final_val_mean"] for k, o in r["arms"].items()
+                                                    if "seeds_6" in o}
+            for regime, r in d.get("regimes", {}).items()}
+
+
 def _rnn(d: dict) -> dict[str, dict[str, float]]:
     return {"rnn_train": {k: o["loss_final_mean"] for k, o in d["optimizers"].items()}}
 
@@ -85,6 +92,7 @@ READERS: list[tuple[str, str, Callable[[dict], dict[str, dict[str, float]]]]] = 
     ("nanogpt_compare_reference.json", "final validation loss", _nanogpt("nanogpt_compare_reference")),
     # every preconditioner kind against tuned AdamW, Muon, SOAP and PSGD-Kron at two data-to-model ratios
     ("nanogpt_matrix.json", "final validation loss", _nanogpt_matrix),
+    ("soap_seeds.json", "final validation loss", _soap_seeds),
     ("hyperspectral.json", "test RMSE", _hyperspectral),
     ("hessian_cosine.json", "cosine with the Hessian, late (higher is better)", _hessian_cosine),
 ]
