@@ -178,3 +178,17 @@ def test_describe_with_a_config_and_no_preset_compares_with_the_defaults():
     text = " ".join(line.strip() for line in opt.describe().splitlines())
     assert "no preset" in text and "preconditioner='root' (default: 'polar')" in text
     assert "beta2=0.9 (default: 0.95)" in text and "damping=0.0 (default: 1e-06)" in text
+
+
+def test_soap_muon_preset_is_then_orthogonalize_with_the_soap_inner_on_both_sides():
+    """The preset is the campaign's SOAP-Muon arm (benchmarks/nanogpt_matrix_runs.py) under one name: the same
+    configuration as the options written out, at Muon's rate."""
+    from benchmarks.nanogpt_matrix_runs import SOAP_MUON
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    spec = HIDDEN_SPEC_PATH()
+    named = Symo(model.named_parameters(), spec, preset="soap_muon", strict=False)
+    written = Symo(model.named_parameters(), spec, **SOAP_MUON, strict=False)
+    assert named.config == written.config and type(named.config.inner).__name__ == "EigenAdamConfig"
+    assert named.config.inner.two_sided and type(named.config.preconditioner).__name__ == "ThenOrthogonalizeConfig"
+    assert PRESETS["soap_muon"].lr == PRESETS["muon"].lr == 0.02

@@ -1,5 +1,5 @@
 """Named Symo configurations: `Symo(..., preset="published" | "notebook" | "muon" | "shampoo" | "eigen_adam" |
-"then_orthogonalize")`.
+"then_orthogonalize" | "soap_muon")`.
 
 A preset is a set of `SymoConfig` values (the preconditioner kind among them) plus a recommended starting
 learning rate. Options passed explicitly to `Symo` override the preset's values; `describe()` names the preset
@@ -28,6 +28,8 @@ and every value that differs from it.
 - then_orthogonalize: PMuon's rule, polar(S^{-0.3} u) with Muon's momentum and scale, the statistic an EMA
   (0.95) of the raw gradient's block statistics, refreshed every 10 steps, in float32 (the mild -0.3 power
   with relative damping 1e-6 needs no float64).
+- soap_muon: `then_orthogonalize` with SOAP as its inner kind, on both sides: the polar factor of SOAP's
+  direction (SOAP's conventions, refresh every 10 steps, float32 statistics), Muon's momentum and scale.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "gradient's statistic every 10 steps",
             preconditioner="then_orthogonalize", inner="root", power=-0.3, beta1=0.95, nesterov=True, beta2=0.95,
             statistic="gradient", precondition_frequency=10, stats_dtype="float32", update_scale="muon"),
+    _preset("soap_muon", 0.02, "SOAP-Muon: the polar factor of SOAP's direction (both sides from one spec), Muon's "
+            "momentum and scale",
+            preconditioner="then_orthogonalize", inner="eigen_adam", two_sided=True, beta1=0.95, nesterov=True,
+            beta2=0.95, statistic="gradient", precondition_frequency=10, stats_dtype="float32", update_scale="muon"),
 )}
 
 
