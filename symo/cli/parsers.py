@@ -46,13 +46,15 @@ def _add_train_parser(sub) -> None:
         "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
         "preset": "Symo's preset: published (the published step), notebook (the early "
                   "notebooks' averaged S^-1/2, no momentum), muon, shampoo, eigen_adam (one-sided SOAP), soap "
-                  "(SOAP, the authors' algorithm), soap_heavyball (heavyball's SOAP) or then_orthogonalize "
-                  "(PMuon); default: Muon's options at Muon's scale; --lr defaults to the preset's rate",
+                  "(SOAP, the authors' algorithm), soap_heavyball (heavyball's SOAP), then_orthogonalize (PMuon) "
+                  "or soap_muon (the polar factor of SOAP's direction); default: Muon's options at Muon's scale; "
+                  "--lr defaults to the preset's rate",
         "lr": "learning rate of the hidden matrices (AdamW: of all parameters); default "
               + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()),
         "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
         "precondition_frequency": "Symo with a --preset that keeps factors (published, notebook, shampoo, eigen_adam, "
-                                  "soap, soap_heavyball, then_orthogonalize): refresh them every N steps",
+                                  "soap, soap_heavyball, then_orthogonalize, soap_muon): refresh them every N "
+                                  "steps",
         "warmup": "linear warm-up steps (then cosine decay to --min-lr-ratio x lr)",
         "batch_size": "global batch (divided among processes)",
         "eval_interval": "steps between validation losses (and checkpoints)",
