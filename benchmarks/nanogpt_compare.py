@@ -91,8 +91,9 @@ NOTES = {NAME: SMALL_NOTES, f"{NAME}_reference": REFERENCE_NOTES}
 VARIANTS = {
     "adamw": {"optimizer": "adamw"},
     "muon": {"optimizer": "muon"},
-    "symo_muon": {"optimizer": "symo", "spec": "gpt_muon"},
-    "symo_true": {"optimizer": "symo", "spec": "gpt_true"},
+    # Symo's defaults (Muon's step; preset None), which these runs measured before symo train's default preset
+    "symo_muon": {"optimizer": "symo", "spec": "gpt_muon", "preset": None},
+    "symo_true": {"optimizer": "symo", "spec": "gpt_true", "preset": None},
     # the notebook preset: averaged S_g (EMA 0.95 of the raw gradient's block statistics), no momentum,
     # natural scale (Adam-like rates), so its rates get their own grid
     "symo_muon_notebook": {"optimizer": "symo", "spec": "gpt_muon", "preset": "notebook"},

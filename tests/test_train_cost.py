@@ -99,7 +99,8 @@ def test_train_measures_only_for_an_observer_that_asks_and_the_run_is_the_same(t
 def test_precondition_frequency_needs_a_refreshing_preset(tmp_path):
     with pytest.raises(ValueError, match="--precondition-frequency applies to --optimizer symo with a --preset that "
                                          "refreshes its factors .*published"):
-        tiny(tmp_path, precondition_frequency=10)
+        tiny(tmp_path, preset=None, precondition_frequency=10)  # Symo's defaults keep no factors
+    assert tiny(tmp_path, precondition_frequency=10).preset == "soap_muon"  # the default preset refreshes its own
     with pytest.raises(ValueError, match="--precondition-frequency: --preset muon keeps no factors to refresh"):
         tiny(tmp_path, preset="muon", precondition_frequency=10)
     with pytest.raises(ValueError, match="--precondition-frequency must be >= 1, got 0"):

@@ -177,11 +177,13 @@ def _ddp_worker(rank: int, world: int, port: int, cfg: TrainConfig, out: str) ->
 
 @pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
-    """torchrun's setting (RANK / WORLD_SIZE / MASTER_*), gloo on CPU: the global batch of 8 split 4 + 4."""
+    """torchrun's setting (RANK / WORLD_SIZE / MASTER_*), gloo on CPU: the global batch of 8 split 4 + 4. Symo's
+    defaults (Muon's step, preset None): SOAP's first update is set by rounding, so the default preset soap_muon
+    cannot be compared with one process this way (test_soap_muon_under_fsdp_resumes_bit_identically)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = tiny(tmp_path, out_dir=str(tmp_path / "two"), steps=3, eval_interval=3, n_layer=1)
+    cfg = tiny(tmp_path, out_dir=str(tmp_path / "two"), steps=3, eval_interval=3, n_layer=1, preset=None)
     ctx = mp.start_processes(_ddp_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, join=False,
                              start_method="fork")
     while not ctx.join(timeout=120):
@@ -231,7 +233,7 @@ def test_fsdp_two_processes_equal_one_and_resume_bit_identically(tmp_path):
     """--fsdp under torchrun's setting: FSDP2 shards the model, Symo steps the shards and computes each block
     on one rank. The parameters equal one process's up to summation order; and with stored block statistics
     (the notebook preset), a run resumed from its step-2 checkpoint ends bit-identical to the uninterrupted one."""
-    cfg = tiny(tmp_path, out_dir=str(tmp_path / "two"), steps=3, eval_interval=3, n_layer=1, fsdp=True)
+    cfg = tiny(tmp_path, out_dir=str(tmp_path / "two"), steps=3, eval_interval=3, n_layer=1, fsdp=True, preset=None)
     _spawn(_fsdp_worker, cfg, str(tmp_path), -1)
     single = train(dataclasses.replace(cfg, out_dir=str(tmp_path / "one"), fsdp=False))
     torch.manual_seed(cfg.seed)  # train() builds its model right after this seeding
@@ -301,3 +303,19 @@ def test_soap_muon_under_fsdp_resumes_bit_identically(tmp_path):
     whole, resumed = torch.load(tmp_path / "whole.pt", weights_only=True), torch.load(tmp_path / "resumed.pt",
                                                                                       weights_only=True)
     assert all(torch.isfinite(whole[n]).all() and torch.equal(whole[n], resumed[n]) for n in whole)
+
+
+def test_the_default_preset_is_soap_muon_and_a_run_without_one_still_resumes(tmp_path):
+    """A new Symo run takes DEFAULT_PRESET at its rate; the other optimizers take none. A run saved with no preset
+    (Symo's defaults, Muon's step: the default before soap_muon) resumes with its own step."""
+    from symo.train.config import DEFAULT_PRESET
+
+    assert DEFAULT_PRESET == "soap_muon"
+    cfg = tiny(tmp_path)
+    assert (cfg.preset, cfg.lr) == ("soap_muon", 0.02)
+    assert tiny(tmp_path, optimizer="muon").preset is None and tiny(tmp_path, optimizer="adamw").preset is None
+    old = tiny(tmp_path, out_dir=str(tmp_path / "old"), preset=None, steps=2, eval_interval=1)
+    train(old)
+    assert cli.main(["train", "--resume", old.out_dir, "--steps", "3", "--no-progress"]) == 0
+    resumed = torch.load(Path(old.out_dir) / "ckpt.pt", weights_only=False)
+    assert resumed["step"] == 3 and resumed["options"]["preset"] is None

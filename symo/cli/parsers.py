@@ -47,8 +47,8 @@ def _add_train_parser(sub) -> None:
         "preset": "Symo's preset: published (the published step), notebook (the early "
                   "notebooks' averaged S^-1/2, no momentum), muon, shampoo, eigen_adam (one-sided SOAP), soap "
                   "(SOAP, the authors' algorithm), soap_heavyball (heavyball's SOAP), then_orthogonalize (PMuon) "
-                  "or soap_muon (the polar factor of SOAP's direction); default: Muon's options at Muon's scale; "
-                  "--lr defaults to the preset's rate",
+                  "or soap_muon (the polar factor of SOAP's direction); default soap_muon (--preset muon: Muon's "
+                  "step); --lr defaults to the preset's rate",
         "lr": "learning rate of the hidden matrices (AdamW: of all parameters); default "
               + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()),
         "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",

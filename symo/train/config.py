@@ -15,6 +15,9 @@ OPTIMIZERS = ("symo", "muon", "adamw")
 # Learning rates of the covered (hidden-matrix) parameters; tuned on the comparison benchmark
 # (benchmarks/results/nanogpt_compare.md). Muon and Symo use Muon's scale (update_scale="muon").
 DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 4e-3}
+# Symo's step when no --preset is given: SOAP-Muon beats tuned Muon outside the paired interval over six seeds
+# at both of the nanoGPT campaign's data-to-model ratios (benchmarks/results/soap_seeds.md)
+DEFAULT_PRESET = "soap_muon"
 # Settings a resumed checkpoint must share with the run: they change the model, the optimizer or the
 # sequence of batches and learning rates.
 RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "preset",
@@ -35,7 +38,7 @@ class TrainConfig:
     optimizer: str = "symo"
     spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
     partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
-    preset: str | None = None          # Symo's preset (symo.PRESETS: published, notebook, ...); None: Muon's scale
+    preset: str | None = "auto"        # Symo's preset (symo.PRESETS); auto: DEFAULT_PRESET; None: Symo's defaults
     precondition_frequency: int | None = None  # a preset's factor refresh every N steps; None: the preset's own
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
@@ -61,6 +64,8 @@ class TrainConfig:
         check_values(dataclasses.asdict(self))
         if self.n_embd % self.n_head:
             raise ValueError(f"--n-embd {self.n_embd} must be a multiple of --n-head {self.n_head}")
+        if self.preset == "auto":  # None stays: a run saved before the default preset resumes with its own step
+            self.preset = DEFAULT_PRESET if self.optimizer == "symo" else None
         if self.preset is not None:
             if self.optimizer != "symo":
                 raise ValueError(f"--preset applies to --optimizer symo, not {self.optimizer!r}")
