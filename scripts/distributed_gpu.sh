@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Symo's distributed modes on a GPU machine (NCCL, one GPU per process), as the CPU tests check them on
 # gloo: the distributed benchmark (traffic, collectives, matrix functions per rank, step time), then
-# `symo train` under torchrun with DDP and with FSDP2 (Muon-path defaults, and stored statistics).
+# `symo train` under torchrun with DDP and with FSDP2 (the default SOAP-Muon, and stored statistics).
 #   bash scripts/distributed_gpu.sh            # every visible GPU (at least 2)
 #   NPROC=4 bash scripts/distributed_gpu.sh
 set -euo pipefail
