@@ -12,7 +12,7 @@ algorithm (tests/test_soap.py). This script asks whether those gaps are more tha
 - floor (reference regime): heavyball's SOAP at seeds 0-2 with the initial weights moved by 1e-7, paired with the
   campaign's runs.
 
-    python -m benchmarks.soap_seeds              # 39 runs of 2-10 minutes on 2 workers (about 2 hours)
+    python -m benchmarks.soap_seeds              # 39 runs of 1-8 minutes on 2 workers (158 worker-minutes)
     python -m benchmarks.soap_seeds --report     # train nothing: the report of what the run cache holds
 
 Seeds 0-2 come from the campaign's run caches; new runs go to benchmarks/results/soap_seeds_runs.json. Writes
