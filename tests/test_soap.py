@@ -5,7 +5,7 @@
 - `preset="soap_heavyball"` is heavyball's `SOAP` (its own conventions and defaults) the same way, in float32;
 - SOAP-Muon (`then_orthogonalize` with the SOAP inner) is the polar factor of that library's SOAP direction;
 - the conventions one at a time: the first step moves nothing; `PowerQR` against dense eigendecompositions;
-- float32 and bfloat16 on rank-deficient, ill-conditioned gradients: never a NaN.
+- float32 and bfloat16 on rank-deficient, ill-conditioned gradients: never a NaN (soap and the default soap_muon).
 """
 
 from __future__ import annotations
@@ -150,14 +150,15 @@ def test_power_qr_converges_to_the_eigenbasis_and_reports_the_order():
         PowerQR(iterations=0)
 
 
+@pytest.mark.parametrize("preset", ["soap", "soap_muon"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_soap_never_makes_a_nan_on_rank_deficient_ill_conditioned_gradients(dtype):
+def test_soap_never_makes_a_nan_on_rank_deficient_ill_conditioned_gradients(dtype, preset):
     """A wide layer (statistics of rank 2 of 12), gradients spanning 1e-6..1e3, a gpt_true-like per-head spec and a
     Muon-style one: 25 steps in the user's dtype stay finite."""
     torch.manual_seed(0)
     layer = torch.nn.Linear(12, 12, bias=False).to(dtype)
     spec = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nweight = ["r", "_"]\n')
-    opt = Symo(layer.named_parameters(), spec, preset="soap", precondition_frequency=2)
+    opt = Symo(layer.named_parameters(), spec, preset=preset, precondition_frequency=2)
     for t in range(25):
         u, v = torch.randn(12, 2), torch.randn(2, 12)
         layer.weight.grad = ((u * torch.tensor([1e3, 1e-6])) @ v * (10.0 ** (t % 5 - 2))).to(dtype)
@@ -175,7 +176,7 @@ def test_the_conventions_benchmark_writes_its_table(tmp_path):
     assert "| soap, float64 statistics |" in (tmp_path / "soap_conventions.md").read_text()
 
 
-@pytest.mark.parametrize("preset", ["soap", "soap_heavyball"])
+@pytest.mark.parametrize("preset", ["soap", "soap_heavyball", "soap_muon"])
 def test_an_interrupted_soap_run_resumes_bit_identically(preset):
     """Stopped after 7 steps (a refresh and the skipped first step behind it), saved, loaded into a new optimizer
     and model: the next 5 steps equal those of the run that never stopped."""
