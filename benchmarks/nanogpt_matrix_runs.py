@@ -3,6 +3,7 @@ optimizer, its training in a worker process, and the interleaved timing of the c
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import tempfile
@@ -183,6 +184,31 @@ def run_one(job: dict) -> dict:
     return {"arm": job["arm"], "regime": job["regime"], "lr": job["lr"], "wd": job["wd"], "seed": job["seed"],
             "final_val": res["final_val"], "evals": evals, "ms_per_step_in_run": res["ms_per_step"],
             "wall_s": time.perf_counter() - t}
+
+
+def follow_up_args(description: str, argv: list[str] | None) -> argparse.Namespace:
+    """The options of a benchmark that adds runs beside the campaign's (benchmarks/soap_gap.py, soap_seeds.py)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--workers", type=int, default=2, help="processes for the missing runs (one thread each)")
+    p.add_argument("--report", action="store_true", help="train nothing: report what the run cache holds")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder of the outputs and the run cache")
+    return p.parse_args(argv)
+
+
+def runs_beside_the_campaign(jobs: list[dict], cache: Any, workers: int, train: bool, desc: str) -> dict[str, dict]:
+    """{key: record} of the jobs there is a run of: from the campaign's run cache of the job's regime where it
+    holds the key, else from `cache` (a harness.RunCache), which first trains the others unless `train` is False."""
+    from benchmarks.harness import RunCache, RunPool
+
+    campaigns = {r: RunCache(RESULTS / f"nanogpt_matrix_{r}_runs.json") for r in {job["regime"] for job in jobs}}
+    if train:
+        pool = RunPool(run_one, cache, workers=workers, desc=desc)
+        for job in jobs:
+            if job["key"] not in campaigns[job["regime"]]:
+                pool.submit(job)
+        pool.run()
+    found = {job["key"]: campaigns[job["regime"]].get(job["key"]) or cache.get(job["key"]) for job in jobs}
+    return {key: record for key, record in found.items() if record is not None}
 
 
 def job_for(regime: str, setup: dict, arm: str, lr: float, wd: float, seed: int) -> dict:

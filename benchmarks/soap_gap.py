@@ -17,14 +17,13 @@ new runs go to benchmarks/results/soap_gap_runs.json. Writes soap_gap.{md,json,p
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from benchmarks.harness import RunCache, RunPool, mean_std, paired_diff_ci95, write_results
+from benchmarks.harness import RunCache, mean_std, paired_diff_ci95, write_results
 from benchmarks.nanogpt_matrix_report import mean_curve, steps_to
-from benchmarks.nanogpt_matrix_runs import REGIMES, RESULTS, job_for, run_one
+from benchmarks.nanogpt_matrix_runs import REGIMES, RESULTS, follow_up_args, job_for, runs_beside_the_campaign
 
 NAME = "soap_gap"
 REGIME, LR, WD, SEEDS = "reference", 6e-3, 0.0, (0, 1, 2)
@@ -104,25 +103,15 @@ def plot(out: Path, records: dict[str, list[dict]], muon_final: float | None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, default=2, help="processes for the missing runs (one thread each)")
-    p.add_argument("--report", action="store_true", help="train nothing: report what the run cache holds")
-    p.add_argument("--out", type=Path, default=RESULTS, help="folder of the outputs and the run cache")
-    args = p.parse_args(argv)
+    args = follow_up_args(__doc__.splitlines()[0], argv)
     campaign = RunCache(RESULTS / f"nanogpt_matrix_{REGIME}_runs.json")
-    cache = RunCache(args.out / f"{NAME}_runs.json")
     todo = jobs(campaign)
-    if not args.report:
-        pool = RunPool(run_one, cache, workers=args.workers, desc=NAME)
-        for job in todo:
-            if job["key"] not in campaign:
-                pool.submit(job)
-        pool.run()
+    found = runs_beside_the_campaign(todo, RunCache(args.out / f"{NAME}_runs.json"), args.workers, not args.report,
+                                     NAME)
     records: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for job in todo:
-        record = campaign.get(job["key"]) or cache.get(job["key"])
-        if record is not None:
-            records[job["variant"]].append(record)
+        if job["key"] in found:
+            records[job["variant"]].append(found[job["key"]])
     # Muon's tuned configuration and mean final loss, from the campaign's report; its runs from the campaign's cache
     report = RESULTS / "nanogpt_matrix.json"
     tuned = json.loads(report.read_text())[REGIME] if report.is_file() else {}

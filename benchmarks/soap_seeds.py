@@ -21,7 +21,6 @@ soap_seeds.{md,json,png}.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import itertools
 import json
@@ -29,9 +28,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import RunCache, RunPool, mean_std, paired_diff_ci95, write_results
+from benchmarks.harness import RunCache, mean_std, paired_diff_ci95, write_results
 from benchmarks.nanogpt_matrix_report import mean_curve, steps_to
-from benchmarks.nanogpt_matrix_runs import ARMS, REGIMES, RESULTS, build, job_for, perturb, run_one
+from benchmarks.nanogpt_matrix_runs import (
+    ARMS,
+    REGIMES,
+    RESULTS,
+    build,
+    follow_up_args,
+    job_for,
+    perturb,
+    runs_beside_the_campaign,
+)
 
 NAME = "soap_seeds"
 MEASURED = ("reference", "data_rich")
@@ -277,28 +285,16 @@ def plot(out: Path, records: dict[str, dict[str, dict[int, dict]]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, default=2, help="processes for the missing runs (one thread each)")
-    p.add_argument("--report", action="store_true", help="train nothing: report what the run cache holds")
-    p.add_argument("--out", type=Path, default=RESULTS, help="folder of the outputs and the run cache")
-    args = p.parse_args(argv)
-    cache = RunCache(args.out / f"{NAME}_runs.json")
-    campaigns = {regime: RunCache(RESULTS / f"nanogpt_matrix_{regime}_runs.json") for regime in MEASURED}
+    args = follow_up_args(__doc__.splitlines()[0], argv)
     chosen = {regime: tuned(regime) for regime in MEASURED}
     todo = {regime: jobs(chosen[regime], regime) for regime in MEASURED}
-    if not args.report:
-        pool = RunPool(run_one, cache, workers=args.workers, desc=NAME)
-        for regime in MEASURED:
-            for job in todo[regime]:
-                if job["key"] not in campaigns[regime]:
-                    pool.submit(job)
-        pool.run()
+    found = runs_beside_the_campaign([job for regime in MEASURED for job in todo[regime]],
+                                     RunCache(args.out / f"{NAME}_runs.json"), args.workers, not args.report, NAME)
     records: dict[str, dict[str, dict[int, dict]]] = {regime: {} for regime in MEASURED}
     for regime in MEASURED:
         for job in todo[regime]:
-            record = campaigns[regime].get(job["key"]) or cache.get(job["key"])
-            if record is not None:
-                records[regime].setdefault(job["group"], {})[job["seed"]] = record
+            if job["key"] in found:
+                records[regime].setdefault(job["group"], {})[job["seed"]] = found[job["key"]]
     first = first_update()
     summaries = {regime: summarize(records[regime], chosen[regime]) for regime in MEASURED}
     n_runs = sum(len(runs) for by_arm in records.values() for runs in by_arm.values())
