@@ -299,11 +299,37 @@ def taylor_mean(sg: torch.Tensor, sw: torch.Tensor, damping: float, absolute: bo
     return (h + h.transpose(-1, -2)) / 2
 
 
-def eigh_basis(average: torch.Tensor, descending: bool) -> torch.Tensor:
+def eigh_basis(average: torch.Tensor, descending: bool, null_basis: str = "eigh") -> torch.Tensor:
     """The eigenvectors of a batch of symmetric statistics (batch, n, n), by ascending or descending eigenvalue;
-    the decomposition in float64, the result in the statistic's dtype."""
-    _, evecs = torch.linalg.eigh(average.to(torch.float64))
+    the decomposition in float64, the result in the statistic's dtype. null_basis="coordinates": the directions
+    whose eigenvalue is zero to the statistic's precision get `nearest_coordinate_basis` of their span instead
+    of eigh's basis of it, which rounding alone decides."""
+    evals, evecs = torch.linalg.eigh(average.to(torch.float64))
+    if null_basis == "coordinates":
+        lam = evals[..., -1:].clamp_min(0)
+        evecs = nearest_coordinate_basis(evecs, evals <= zero_threshold(lam, average.shape[-1], average.dtype))
     return (evecs.flip(-1) if descending else evecs).to(average.dtype)
+
+
+def nearest_coordinate_basis(evecs: torch.Tensor, null: torch.Tensor) -> torch.Tensor:
+    """`evecs` (batch, n, n) with each element's columns marked in `null` (batch, n) replaced by the orthonormal
+    basis of their span nearest the coordinate axes: U R with R orthogonal maximising tr(U[J] R) (Procrustes),
+    J the k coordinates a column-pivoted QR of U^T picks, in increasing order. It depends on the span alone,
+    not on the basis U that eigh returned, so a perturbation that leaves the span in place leaves it in place."""
+    import scipy.linalg
+
+    out = evecs.clone()
+    for i in range(evecs.shape[0]):
+        cols = null[i].nonzero().squeeze(-1)
+        k = cols.numel()
+        if k == 0:
+            continue
+        u = evecs[i][:, cols].to(torch.float64)
+        pivots = scipy.linalg.qr(u.T.cpu().numpy(), mode="r", pivoting=True)[1][:k]
+        rows = torch.as_tensor(sorted(pivots.tolist()), device=u.device)
+        w, _, vh = torch.linalg.svd(u[rows])
+        out[i][:, cols] = (u @ (vh.mT @ w.mT)).to(out.dtype)
+    return out
 
 
 def power_qr_basis(average: torch.Tensor, previous: torch.Tensor, iterations: int = 1, lift: float | None = None

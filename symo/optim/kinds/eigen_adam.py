@@ -68,6 +68,11 @@ class EigenAdamConfig(AveragedOptions, AdamOptions):
     null_directions: Literal["keep", "drop"] = "keep"
     """keep: every direction of the basis is updated (SOAP); drop: directions whose eigenvalue is zero to the
     statistic's precision (below 8 sqrt(n) eps lambda_max) get no update (needs refresh=Eigh())."""
+    null_basis: Literal["eigh", "coordinates"] = "eigh"
+    """eigh: the directions an eigendecomposition cannot tell apart at the statistic's precision (eigenvalue zero
+    to it; after the first gradient most of a wide side's) keep the basis eigh gives them, which rounding decides
+    (SOAP); coordinates: the orthonormal basis of their span nearest the parameter's coordinate axes, so that
+    Adam meets new directions in its own coordinates and the first update is fixed by the weights."""
     refresh_phase: Literal["authors", "heavyball"] = "authors"
     """authors: refresh after steps 1 + k f (the authors' code); heavyball: after steps k f, one step earlier."""
     eps_placement: Literal["authors", "adam", "clamp"] = "authors"
@@ -90,17 +95,17 @@ class EigenAdamConfig(AveragedOptions, AdamOptions):
         ])
 
 
-def first_basis(*, refresh: BasisRefresh, average: torch.Tensor) -> torch.Tensor:
+def first_basis(*, refresh: BasisRefresh, average: torch.Tensor, null_basis: str = "eigh") -> torch.Tensor:
     """A block's first basis under `refresh`: an eigh, in the column order its later refreshes keep."""
-    return eigh_basis(average, descending=isinstance(refresh, PowerQR))
+    return eigh_basis(average, descending=isinstance(refresh, PowerQR), null_basis=null_basis)
 
 
-def next_basis(*, refresh: BasisRefresh, average: torch.Tensor, previous: torch.Tensor
+def next_basis(*, refresh: BasisRefresh, average: torch.Tensor, previous: torch.Tensor, null_basis: str = "eigh"
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The refreshed basis and, where its columns were reordered, their order (batch, n) (None: kept in place)."""
     if isinstance(refresh, PowerQR):
         return power_qr_basis(average, previous, iterations=refresh.iterations, lift=refresh.lift)
-    return eigh_basis(average, descending=False), None
+    return eigh_basis(average, descending=False, null_basis=null_basis), None
 
 
 def drop_null_columns(basis: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
@@ -192,7 +197,8 @@ class EigenAdam(Kind):
         for key, basis_key, axis in SIDES:
             side = [b for b in blocks if key in b.state]
             first = [b for b in side if basis_key not in b.state]
-            firsts = batched(lambda a: first_basis(refresh=o.refresh, average=a), [b.state[key] for b in first])
+            firsts = batched(lambda a: first_basis(refresh=o.refresh, average=a, null_basis=o.null_basis),
+                             [b.state[key] for b in first])
             for b, q in zip(first, firsts):
                 b.state[basis_key] = self.kept(q, b.state[key])
             new = {id(b) for b in first}
@@ -209,7 +215,8 @@ class EigenAdam(Kind):
 
     def refreshed(self, pair: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch of (statistic, previous basis) pairs (batch, 2, n, n) -> (new basis, column order)."""
-        q, order = next_basis(refresh=self.options.refresh, average=pair[:, 0], previous=pair[:, 1])
+        o = self.options
+        q, order = next_basis(refresh=o.refresh, average=pair[:, 0], previous=pair[:, 1], null_basis=o.null_basis)
         return q, (torch.arange(q.shape[-1], device=q.device).expand(q.shape[:-1]) if order is None else order)
 
     def kept(self, basis: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
