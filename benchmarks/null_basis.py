@@ -23,22 +23,22 @@ New runs go to benchmarks/results/null_basis_runs.json. Writes null_basis.{md,js
 
 from __future__ import annotations
 
-import copy
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import RunCache, mean_std, paired_diff_ci95, write_results
+from benchmarks.nanogpt_matrix_report import mean_curve
 from benchmarks.nanogpt_matrix_runs import (
     ARMS,
     REGIMES,
     RESULTS,
-    build,
     follow_up_args,
     job_for,
-    perturb,
     runs_beside_the_campaign,
 )
-from benchmarks.soap_seeds import muon_loss_steps_ratio, tuned
+from benchmarks.soap_seeds import first_update, muon_loss_steps_ratio, tuned
 
 NAME = "null_basis"
 MEASURED = ("reference", "data_rich")
@@ -80,16 +80,166 @@ def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
     return out
 
 
+def first_update_pairs() -> list[dict]:
+    """Each base arm against itself from initial weights 1e-7 apart, with eigh's basis and with the coordinates'."""
+    return [{"pair": f"{ARMS[base]['label']}, {basis} null basis, against itself from initial weights 1e-7 apart",
+             "arm_a": base, "arm_b": base, "perturbed": True, "basis": basis,
+             **({"config_a": coordinate_arm(base), "config_b": coordinate_arm(base)} if basis == "coordinates"
+                else {})}
+            for base in BASES for basis in ("eigh", "coordinates")]
+
+
+def arm_summary(runs: list[dict], muon: list[dict], heavyball: list[dict]) -> dict[str, Any]:
+    """Final losses over the seeds, paired intervals against Muon and heavyball's SOAP, Muon-loss steps."""
+    finals = [r["final_val"] for r in runs]
+    m, sd = mean_std(finals)
+    return {"finals": finals, "final_val_mean": m, "final_val_std": sd,
+            "diff_to_muon_ci95": list(paired_diff_ci95(finals, [r["final_val"] for r in muon])),
+            "diff_to_heavyball_soap_ci95": list(paired_diff_ci95(finals, [r["final_val"] for r in heavyball])),
+            "muon_loss_steps_ratio": muon_loss_steps_ratio(runs, muon)}
+
+
+def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict], regime: str) -> dict[str, Any]:
+    """Per base arm with a run at every seed under both bases: each basis's summary, and the paired interval of
+    (coordinates - eigh); in the floor's regime, the coordinate basis's runs from perturbed weights against its
+    own, beside heavyball's SOAP's floor (soap_seeds)."""
+    def runs(group: str, seeds: tuple[int, ...] = SEEDS) -> list[dict] | None:
+        found = records.get(group, {})
+        return [found[s] for s in seeds] if all(s in found for s in seeds) else None
+
+    out: dict[str, Any] = {"arms": {}, "floor": None}
+    muon, heavyball = runs("muon"), runs("soap")
+    for base in BASES:
+        eigh, coords = runs(base), runs(COORDINATES[base])
+        if muon is None or heavyball is None or eigh is None or coords is None:
+            continue
+        out["arms"][base] = {
+            "label": ARMS[base]["label"], "lr": chosen[base]["lr"], "weight_decay": chosen[base]["weight_decay"],
+            "eigh": arm_summary(eigh, muon, heavyball), "coordinates": arm_summary(coords, muon, heavyball),
+            "coordinates_minus_eigh_ci95": list(paired_diff_ci95([r["final_val"] for r in coords],
+                                                                 [r["final_val"] for r in eigh]))}
+    pert, own = runs(FLOOR_KEY, FLOOR_SEEDS), runs(COORDINATES[FLOOR_BASE], FLOOR_SEEDS)
+    if regime == FLOOR_REGIME and pert is not None and own is not None:
+        diffs = [p["final_val"] - o["final_val"] for p, o in zip(pert, own)]
+        seeds_report = json.loads((RESULTS / "soap_seeds.json").read_text())["regimes"][regime]["floor"]
+        out["floor"] = {"perturbation": PERTURBATION, "seeds": list(FLOOR_SEEDS), "perturbed_minus_own": diffs,
+                        "perturbed_diff_ci95": list(paired_diff_ci95([p["final_val"] for p in pert],
+                                                                     [o["final_val"] for o in own])),
+                        "heavyball_soap_perturbed_minus_own": seeds_report["perturbed_minus_heavyball"],
+                        "heavyball_soap_perturbed_diff_ci95": seeds_report["perturbed_diff_ci95"]}
+    return out
+
+
+def interval(ci: list[float]) -> str:
+    return "[{:+.4f}, {:+.4f}]".format(*ci)
+
+
+def ratio_text(ratio: float | None) -> str:
+    return "not reached" if ratio is None else f"{ratio:.2f}x"
+
+
+def markdown(summaries: dict[str, dict[str, Any]], first: list[dict], n_runs: int) -> str:
+    lines = [
+        "# SOAP's null directions in the coordinate basis (`null_basis=\"coordinates\"`) beside eigh's",
+        "",
+        f"Command: `python -m benchmarks.null_basis` ({n_runs} runs read; Muon, heavyball's SOAP and the arms with "
+        "eigh's basis come from the campaign's and soap_seeds' run caches)",
+        "",
+        "The nanoGPT campaign's regimes (benchmarks/nanogpt_matrix.py). Each arm with the coordinate basis runs at "
+        "the campaign's tuned rate and decay for the same arm with eigh's basis (not tuned again), over the same "
+        f"{len(SEEDS)} seeds (same initialization and batches per seed across arms). Intervals are paired 95% "
+        "intervals of the final validation loss (negative: the row is lower). `Muon-loss steps` = steps the arm's "
+        "seed-mean curve takes to reach Muon's mean final loss over the same seeds, as a ratio of Muon's own.",
+        "",
+        "## The first update",
+        "",
+        f"Relative difference of the hidden matrices' displacement, {FLOOR_REGIME} GPT, seed 0, tuned rate, no decay, "
+        "between runs from initial weights 1e-7 apart (SOAP's first step only builds its statistics: its first "
+        "update is the second step):",
+        "",
+        "| arm | null basis | after the first update (2 steps) | after 6 steps |",
+        "|---|---|---|---|",
+    ]
+    by_key = {(r["arm_a"], r.get("basis", "eigh"), r["steps"]): r["relative_difference"] for r in first}
+    for base in BASES:
+        for basis in ("eigh", "coordinates"):
+            cells = [f"{by_key[(base, basis, n)]:.2e}" if (base, basis, n) in by_key else "-" for n in (2, 6)]
+            lines.append(f"| {ARMS[base]['label']} | {basis} | {' | '.join(cells)} |")
+    for regime, summary in summaries.items():
+        lines += ["", f"## {regime}", "",
+                  "| arm | lr | wd | null basis | final val | coordinates - eigh, 95% | diff to Muon, 95% | "
+                  "diff to heavyball SOAP, 95% | Muon-loss steps |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for entry in summary["arms"].values():
+            for basis in ("eigh", "coordinates"):
+                e = entry[basis]
+                paired = interval(entry["coordinates_minus_eigh_ci95"]) if basis == "coordinates" else ""
+                lines.append(f"| {entry['label']} | {entry['lr']:g} | {entry['weight_decay']:g} | {basis} | "
+                             f"{e['final_val_mean']:.4f} ± {e['final_val_std']:.4f} | {paired} | "
+                             f"{interval(e['diff_to_muon_ci95'])} | {interval(e['diff_to_heavyball_soap_ci95'])} | "
+                             f"{ratio_text(e['muon_loss_steps_ratio'])} |")
+        floor = summary["floor"]
+        if floor is not None:
+            lines += ["", f"Floor ({regime}): the same optimizer from initial weights multiplied by "
+                      f"(1 + {floor['perturbation']:g} N(0, 1)), seeds {', '.join(map(str, floor['seeds']))}, against "
+                      "its own runs (heavyball's SOAP's row: benchmarks/soap_seeds.py):", "",
+                      "| optimizer | per-seed difference in final loss | paired 95% |", "|---|---|---|",
+                      f"| {ARMS[FLOOR_BASE]['label']}, coordinate null basis | "
+                      f"{', '.join(f'{d:+.4f}' for d in floor['perturbed_minus_own'])} | "
+                      f"{interval(floor['perturbed_diff_ci95'])} |",
+                      f"| SOAP (heavyball) | "
+                      f"{', '.join(f'{d:+.4f}' for d in floor['heavyball_soap_perturbed_minus_own'])} | "
+                      f"{interval(floor['heavyball_soap_perturbed_diff_ci95'])} |"]
+    return "\n".join(lines + [""])
+
+
+def plot(out: Path, records: dict[str, dict[str, dict[int, dict]]]) -> None:
+    """Per regime, the seed-mean validation curves of each base arm under both bases, from step 200."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(records), figsize=(6 * len(records), 4), squeeze=False)
+    for ax, (regime, by_arm) in zip(axes[0], records.items()):
+        for base, color in zip(BASES, ("C0", "C1", "C2")):
+            for group, style in ((base, "--"), (COORDINATES[base], "-")):
+                if all(s in by_arm.get(group, {}) for s in SEEDS):
+                    steps, vals = zip(*[(s, v) for s, v in mean_curve([by_arm[group][s] for s in SEEDS]) if s >= 200])
+                    basis = "coordinates" if group != base else "eigh"
+                    ax.plot(steps, vals, style, color=color, label=f"{ARMS[base]['label']}, {basis}")
+        if all(s in by_arm.get("muon", {}) for s in SEEDS):
+            steps, vals = zip(*[(s, v) for s, v in mean_curve([by_arm["muon"][s] for s in SEEDS]) if s >= 200])
+            ax.plot(steps, vals, ":", color="k", label="Muon")
+        ax.set(xlabel="step", ylabel=f"validation loss (mean of {len(SEEDS)} seeds)",
+               title=f"nanoGPT {regime} regime: null basis eigh (dashed) or coordinates (solid)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"{NAME}.png", dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = follow_up_args(__doc__.splitlines()[0], argv)
     chosen = {regime: tuned(regime) for regime in MEASURED}
-    todo = [job for regime in MEASURED for job in jobs(chosen[regime], regime)]
+    todo = {regime: jobs(chosen[regime], regime) for regime in MEASURED}
     seeds_cache = RunCache(RESULTS / "soap_seeds_runs.json")
-    new = [job for job in todo if job["key"] not in seeds_cache]
-    found = runs_beside_the_campaign(new, RunCache(args.out / f"{NAME}_runs.json"), args.workers, not args.report,
-                                     NAME)
-    found.update({job["key"]: seeds_cache.get(job["key"]) for job in todo if job["key"] in seeds_cache})
-    print(len(found), "runs")
+    every = [job for regime in MEASURED for job in todo[regime]]
+    found = runs_beside_the_campaign([job for job in every if job["key"] not in seeds_cache],
+                                     RunCache(args.out / f"{NAME}_runs.json"), args.workers, not args.report, NAME)
+    found.update({job["key"]: seeds_cache[job["key"]] for job in every if job["key"] in seeds_cache})
+    records: dict[str, dict[str, dict[int, dict]]] = {regime: {} for regime in MEASURED}
+    for regime in MEASURED:
+        for job in todo[regime]:
+            if job["key"] in found:
+                records[regime].setdefault(job["group"], {})[job["seed"]] = found[job["key"]]
+    first = [*first_update(2, first_update_pairs()), *first_update(6, first_update_pairs())]
+    summaries = {regime: summarize(records[regime], chosen[regime], regime) for regime in MEASURED}
+    n_runs = sum(len(runs) for by_arm in records.values() for runs in by_arm.values())
+    md = markdown(summaries, first, n_runs)
+    write_results(args.out, NAME, md, {"first_update": first, "regimes": summaries})
+    plot(args.out, records)
+    print(md)
     return 0
 
 

@@ -82,10 +82,12 @@ def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
     return out
 
 
-def first_update(steps: int = 2) -> list[dict]:
+def first_update(steps: int = 2, pairs: list[dict] | None = None) -> list[dict]:
     """Per pair, the relative difference of the two runs' displacements of the hidden matrices after `steps`
     steps at the arm's tuned rate (no decay, no schedule) on the reference GPT, seed 0: ||dA - dB|| / ||dA||.
-    SOAP's first step only initializes its statistics, so its first update is the second step."""
+    SOAP's first step only initializes its statistics, so its first update is the second step. `pairs`: dicts with
+    the label, the arm names `arm_a`, `arm_b` (for the tuned rates), the arms' configs `config_a`, `config_b`
+    (default: the campaign's arms of those names) and whether B's initial weights are `perturbed`."""
     import torch
 
     torch.set_num_threads(1)
@@ -99,12 +101,12 @@ def first_update(steps: int = 2) -> list[dict]:
                          n_head=setup["n_head"], n_embd=setup["n_embd"]))
     batches = [corpus.batch("train", step, setup["batch_size"], setup["block_size"], 0) for step in range(steps)]
 
-    def displacement(arm: str, perturbed: bool) -> torch.Tensor:
+    def displacement(arm: dict, lr: float, perturbed: bool) -> torch.Tensor:
         model = copy.deepcopy(init)
         if perturbed:
             perturb(model, PERTURBATION, 0)
         start = {n: p.detach().clone() for n, p in model.named_parameters() if is_hidden_matrix(n, p)}
-        opt = build(ARMS[arm], model, chosen[arm]["lr"], 0.0, setup["adamw_lr"], setup["n_embd"], setup["n_head"])
+        opt = build(arm, model, lr, 0.0, setup["adamw_lr"], setup["n_embd"], setup["n_head"])
         for x, y in batches:
             loss = model(x, y)[1]
             opt.zero_grad(set_to_none=True)
@@ -113,11 +115,16 @@ def first_update(steps: int = 2) -> list[dict]:
         params = dict(model.named_parameters())
         return torch.cat([(params[n].detach() - w).flatten().double() for n, w in start.items()])
 
+    if pairs is None:
+        pairs = [{"pair": label, "arm_a": a, "arm_b": b, "perturbed": perturbed}
+                 for label, a, b, perturbed in FIRST_UPDATE_PAIRS]
     out = []
-    for label, arm_a, arm_b, perturbed in FIRST_UPDATE_PAIRS:
-        da, db = displacement(arm_a, False), displacement(arm_b, perturbed)
-        out.append({"pair": label, "arm_a": arm_a, "arm_b": arm_b, "perturbed": perturbed,
-                    "relative_difference": float((da - db).norm() / da.norm())})
+    for pair in pairs:
+        da = displacement(pair.get("config_a") or ARMS[pair["arm_a"]], chosen[pair["arm_a"]]["lr"], False)
+        db = displacement(pair.get("config_b") or ARMS[pair["arm_b"]], chosen[pair["arm_b"]]["lr"],
+                          pair["perturbed"])
+        out.append({"pair": pair["pair"], "arm_a": pair["arm_a"], "arm_b": pair["arm_b"], "steps": steps,
+                    "perturbed": pair["perturbed"], "relative_difference": float((da - db).norm() / da.norm())})
     return out
 
 
