@@ -80,6 +80,13 @@ def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
     return out
 
 
+def priority(job: dict) -> int:
+    """The order new runs are trained in: the default step's (SOAP-Muon) reference runs, its floor, its data-rich
+    runs, then the other arms."""
+    order = [("reference", COORDINATES[FLOOR_BASE]), ("reference", FLOOR_KEY), ("data_rich", COORDINATES[FLOOR_BASE])]
+    return order.index((job["regime"], job["group"])) if (job["regime"], job["group"]) in order else len(order)
+
+
 def first_update_pairs() -> list[dict]:
     """Each base arm against itself from initial weights 1e-7 apart, with eigh's basis and with the coordinates'."""
     return [{"pair": f"{ARMS[base]['label']}, {basis} null basis, against itself from initial weights 1e-7 apart",
@@ -225,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = {regime: jobs(chosen[regime], regime) for regime in MEASURED}
     seeds_cache = RunCache(RESULTS / "soap_seeds_runs.json")
     every = [job for regime in MEASURED for job in todo[regime]]
-    found = runs_beside_the_campaign([job for job in every if job["key"] not in seeds_cache],
+    found = runs_beside_the_campaign(sorted((job for job in every if job["key"] not in seeds_cache), key=priority),
                                      RunCache(args.out / f"{NAME}_runs.json"), args.workers, not args.report, NAME)
     found.update({job["key"]: seeds_cache[job["key"]] for job in every if job["key"] in seeds_cache})
     records: dict[str, dict[str, dict[int, dict]]] = {regime: {} for regime in MEASURED}
