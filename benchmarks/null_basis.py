@@ -24,6 +24,7 @@ New runs go to benchmarks/results/null_basis_runs.json. Writes null_basis.{md,js
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ BASES = ("symo_soap_muon_gpt_muon", "symo_soap_heavyball_gpt_muon", "symo_soap_g
 COORDINATES = {base: f"{base}_null_coordinates" for base in BASES}
 FLOOR_BASE = "symo_soap_muon_gpt_muon"
 FLOOR_KEY = f"{COORDINATES[FLOOR_BASE]}_init_perturbed"
+MUON_FLOOR_KEY = "muon_init_perturbed"  # the control: Muon, whose first update rounding does not decide
 
 
 def coordinate_arm(base: str) -> dict[str, Any]:
@@ -74,6 +76,9 @@ def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
             job = job_for(regime, setup, FLOOR_KEY, lr, wd, seed)
             out.append(dict(job, group=FLOOR_KEY, arm_config=coordinate_arm(FLOOR_BASE),
                             init_perturbation=PERTURBATION))
+        for seed in FLOOR_SEEDS:
+            job = job_for(regime, setup, MUON_FLOOR_KEY, chosen["muon"]["lr"], chosen["muon"]["weight_decay"], seed)
+            out.append(dict(job, group=MUON_FLOOR_KEY, arm_config=ARMS["muon"], init_perturbation=PERTURBATION))
     for arm in ("muon", "soap", *BASES):
         lr, wd = chosen[arm]["lr"], chosen[arm]["weight_decay"]
         out += [dict(job_for(regime, setup, arm, lr, wd, seed), group=arm) for seed in SEEDS]
@@ -83,7 +88,8 @@ def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
 def priority(job: dict) -> int:
     """The order new runs are trained in: the default step's (SOAP-Muon) reference runs, its floor, its data-rich
     runs, then the other arms."""
-    order = [("reference", COORDINATES[FLOOR_BASE]), ("reference", FLOOR_KEY), ("data_rich", COORDINATES[FLOOR_BASE])]
+    order = [("reference", COORDINATES[FLOOR_BASE]), ("reference", FLOOR_KEY), ("reference", MUON_FLOOR_KEY),
+             ("data_rich", COORDINATES[FLOOR_BASE])]
     return order.index((job["regime"], job["group"])) if (job["regime"], job["group"]) in order else len(order)
 
 
@@ -125,15 +131,20 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict], regi
             "eigh": arm_summary(eigh, muon, heavyball), "coordinates": arm_summary(coords, muon, heavyball),
             "coordinates_minus_eigh_ci95": list(paired_diff_ci95([r["final_val"] for r in coords],
                                                                  [r["final_val"] for r in eigh]))}
-    pert, own = runs(FLOOR_KEY, FLOOR_SEEDS), runs(COORDINATES[FLOOR_BASE], FLOOR_SEEDS)
-    if regime == FLOOR_REGIME and pert is not None and own is not None:
-        diffs = [p["final_val"] - o["final_val"] for p, o in zip(pert, own)]
+    floors = {"coordinates": (runs(FLOOR_KEY, FLOOR_SEEDS), runs(COORDINATES[FLOOR_BASE], FLOOR_SEEDS)),
+              "muon": (runs(MUON_FLOOR_KEY, FLOOR_SEEDS), runs("muon", FLOOR_SEEDS))}
+    if regime == FLOOR_REGIME and all(p is not None and o is not None for p, o in floors.values()):
         seeds_report = json.loads((RESULTS / "soap_seeds.json").read_text())["regimes"][regime]["floor"]
-        out["floor"] = {"perturbation": PERTURBATION, "seeds": list(FLOOR_SEEDS), "perturbed_minus_own": diffs,
-                        "perturbed_diff_ci95": list(paired_diff_ci95([p["final_val"] for p in pert],
-                                                                     [o["final_val"] for o in own])),
+        out["floor"] = {"perturbation": PERTURBATION, "seeds": list(FLOOR_SEEDS),
                         "heavyball_soap_perturbed_minus_own": seeds_report["perturbed_minus_heavyball"],
                         "heavyball_soap_perturbed_diff_ci95": seeds_report["perturbed_diff_ci95"]}
+        for name, (pert, own) in floors.items():
+            out["floor"][f"{name}_perturbed_minus_own"] = [p["final_val"] - o["final_val"] for p, o in zip(pert, own)]
+            out["floor"][f"{name}_perturbed_diff_ci95"] = list(paired_diff_ci95([p["final_val"] for p in pert],
+                                                                                [o["final_val"] for o in own]))
+        for name in ("coordinates", "heavyball_soap", "muon"):
+            diffs = out["floor"][f"{name}_perturbed_minus_own"]
+            out["floor"][f"{name}_rms_difference"] = math.sqrt(sum(d * d for d in diffs) / len(diffs))
     return out
 
 
@@ -190,13 +201,13 @@ def markdown(summaries: dict[str, dict[str, Any]], first: list[dict], n_runs: in
             lines += ["", f"Floor ({regime}): the same optimizer from initial weights multiplied by "
                       f"(1 + {floor['perturbation']:g} N(0, 1)), seeds {', '.join(map(str, floor['seeds']))}, against "
                       "its own runs (heavyball's SOAP's row: benchmarks/soap_seeds.py):", "",
-                      "| optimizer | per-seed difference in final loss | paired 95% |", "|---|---|---|",
-                      f"| {ARMS[FLOOR_BASE]['label']}, coordinate null basis | "
-                      f"{', '.join(f'{d:+.4f}' for d in floor['perturbed_minus_own'])} | "
-                      f"{interval(floor['perturbed_diff_ci95'])} |",
-                      f"| SOAP (heavyball) | "
-                      f"{', '.join(f'{d:+.4f}' for d in floor['heavyball_soap_perturbed_minus_own'])} | "
-                      f"{interval(floor['heavyball_soap_perturbed_diff_ci95'])} |"]
+                      "| optimizer | per-seed difference in final loss | RMS difference | paired 95% |",
+                      "|---|---|---|---|",
+                      *[f"| {label} | {', '.join(f'{d:+.4f}' for d in floor[f'{name}_perturbed_minus_own'])} | "
+                        f"{floor[f'{name}_rms_difference']:.4f} | {interval(floor[f'{name}_perturbed_diff_ci95'])} |"
+                        for name, label in (("coordinates", f"{ARMS[FLOOR_BASE]['label']}, coordinate null basis"),
+                                            ("heavyball_soap", "SOAP (heavyball), eigh's basis"),
+                                            ("muon", "Muon"))]]
     return "\n".join(lines + [""])
 
 

@@ -9,7 +9,17 @@ import statistics
 
 from benchmarks import null_basis
 from benchmarks.nanogpt_matrix_runs import ARMS, REGIMES, job_for
-from benchmarks.null_basis import BASES, COORDINATES, FLOOR_KEY, FLOOR_SEEDS, SEEDS, coordinate_arm, jobs, summarize
+from benchmarks.null_basis import (
+    BASES,
+    COORDINATES,
+    FLOOR_KEY,
+    FLOOR_SEEDS,
+    MUON_FLOOR_KEY,
+    SEEDS,
+    coordinate_arm,
+    jobs,
+    summarize,
+)
 
 ARMS_READ = ("muon", "soap", *BASES)
 CHOSEN = {arm: {"lr": 0.01 * (i + 1), "weight_decay": 0.05} for i, arm in enumerate(ARMS_READ)}
@@ -21,7 +31,7 @@ def test_each_coordinate_arm_changes_one_option_and_the_other_runs_keep_their_ke
         assert arm["options"] == {**ARMS[base]["options"], "null_basis": "coordinates"}
         assert "null_basis" not in ARMS[base]["options"]
     planned = jobs(CHOSEN, "reference")
-    assert len(planned) == len(BASES) * len(SEEDS) * 2 + len(FLOOR_SEEDS) + 2 * len(SEEDS)
+    assert len(planned) == len(BASES) * len(SEEDS) * 2 + 2 * len(FLOOR_SEEDS) + 2 * len(SEEDS)
     assert len({job["key"] for job in planned}) == len(planned)
     setup = REGIMES["reference"]
     for arm in ARMS_READ:  # the campaign's and soap_seeds' own keys, so that their runs are read, not retrained
@@ -32,10 +42,11 @@ def test_each_coordinate_arm_changes_one_option_and_the_other_runs_keep_their_ke
         mine = [job for job in planned if job["group"] == COORDINATES[base]]
         assert [job["lr"] for job in mine] == [CHOSEN[base]["lr"]] * len(SEEDS)
         assert all(job["arm_config"]["options"]["null_basis"] == "coordinates" for job in mine)
-    floor = [job for job in planned if job["group"] == FLOOR_KEY]
-    assert [job["seed"] for job in floor] == list(FLOOR_SEEDS)
-    assert all(job["init_perturbation"] == null_basis.PERTURBATION for job in floor)
-    assert not [job for job in jobs(CHOSEN, "data_rich") if job["group"] == FLOOR_KEY]
+    for key, arm in ((FLOOR_KEY, coordinate_arm(BASES[0])), (MUON_FLOOR_KEY, ARMS["muon"])):
+        floor = [job for job in planned if job["group"] == key]
+        assert [job["seed"] for job in floor] == list(FLOOR_SEEDS)
+        assert all(job["init_perturbation"] == null_basis.PERTURBATION and job["arm_config"] == arm for job in floor)
+        assert not [job for job in jobs(CHOSEN, "data_rich") if job["group"] == key]
 
 
 def _records(finals: dict[str, list[float]]) -> dict[str, dict[int, dict]]:
@@ -80,3 +91,19 @@ def test_the_report_names_every_arm_and_basis() -> None:
     for base in BASES:
         assert md.count(f"| {ARMS[base]['label']} |") == 4  # two first-update rows, two result rows
     assert "42 runs" in md and "5.00e-01" in md
+
+
+def test_the_floor_pairs_each_perturbed_run_with_its_own_unperturbed_run() -> None:
+    finals = {"muon": [1.55, 1.54, 1.56, 1.55, 1.545, 1.555], "soap": [1.52] * 6,
+              MUON_FLOOR_KEY: [1.552, 1.541, 1.559], FLOOR_KEY: [1.52, 1.515, 1.53]}
+    for base in BASES:
+        finals[base] = [1.53] * 6
+        finals[COORDINATES[base]] = [1.51, 1.525, 1.52, 1.515, 1.53, 1.52]
+    floor = summarize(_records(finals), CHOSEN, "reference")["floor"]
+    muon = [1.552 - 1.55, 1.541 - 1.54, 1.559 - 1.56]
+    assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["muon_perturbed_minus_own"], muon))
+    assert math.isclose(floor["muon_rms_difference"], math.sqrt(sum(d * d for d in muon) / 3))
+    coords = [1.52 - 1.51, 1.515 - 1.525, 1.53 - 1.52]
+    assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["coordinates_perturbed_minus_own"], coords))
+    assert floor["heavyball_soap_perturbed_minus_own"]  # soap_seeds' measured floor, read from its report
+    assert "| Muon |" in null_basis.markdown({"reference": {"arms": {}, "floor": floor}}, [], 3)
