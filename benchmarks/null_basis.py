@@ -12,10 +12,10 @@ asks whether that makes SOAP's runs reproducible and whether it trains better or
 - six seeds, both regimes: SOAP-Muon, `soap_heavyball` and `soap` with the coordinate basis, each at the
   campaign's tuned rate and decay for the arm with eigh's basis, paired with that arm's runs
   (benchmarks/soap_seeds.py holds seeds 3-5, the campaign seeds 0-2);
-- floor (reference regime): SOAP-Muon with the coordinate basis at seeds 0-2 from initial weights moved by 1e-7,
-  paired with its own unperturbed runs, beside the same measured for heavyball's SOAP in soap_seeds.
+- floor (reference regime): SOAP-Muon with either basis, and Muon as the control, at seeds 0-2 from initial weights
+  moved by 1e-7, each paired with its own unperturbed runs, beside heavyball's SOAP's floor from soap_seeds.
 
-    python -m benchmarks.null_basis              # 39 runs of 1-7 minutes on 2 workers
+    python -m benchmarks.null_basis              # 45 runs of 1-7 minutes on 2 workers (about 190 worker-minutes)
     python -m benchmarks.null_basis --report     # train nothing: the report of what the run caches hold
 
 New runs go to benchmarks/results/null_basis_runs.json. Writes null_basis.{md,json,png}.
@@ -50,6 +50,7 @@ BASES = ("symo_soap_muon_gpt_muon", "symo_soap_heavyball_gpt_muon", "symo_soap_g
 COORDINATES = {base: f"{base}_null_coordinates" for base in BASES}
 FLOOR_BASE = "symo_soap_muon_gpt_muon"
 FLOOR_KEY = f"{COORDINATES[FLOOR_BASE]}_init_perturbed"
+EIGH_FLOOR_KEY = f"{FLOOR_BASE}_init_perturbed"  # the same optimizer with eigh's basis
 MUON_FLOOR_KEY = "muon_init_perturbed"  # the control: Muon, whose first update rounding does not decide
 
 
@@ -77,6 +78,9 @@ def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
             out.append(dict(job, group=FLOOR_KEY, arm_config=coordinate_arm(FLOOR_BASE),
                             init_perturbation=PERTURBATION))
         for seed in FLOOR_SEEDS:
+            job = job_for(regime, setup, EIGH_FLOOR_KEY, lr, wd, seed)
+            out.append(dict(job, group=EIGH_FLOOR_KEY, arm_config=ARMS[FLOOR_BASE], init_perturbation=PERTURBATION))
+        for seed in FLOOR_SEEDS:
             job = job_for(regime, setup, MUON_FLOOR_KEY, chosen["muon"]["lr"], chosen["muon"]["weight_decay"], seed)
             out.append(dict(job, group=MUON_FLOOR_KEY, arm_config=ARMS["muon"], init_perturbation=PERTURBATION))
     for arm in ("muon", "soap", *BASES):
@@ -89,6 +93,7 @@ def priority(job: dict) -> int:
     """The order new runs are trained in: the default step's (SOAP-Muon) reference runs, its floor, its data-rich
     runs, then the other arms."""
     order = [("reference", COORDINATES[FLOOR_BASE]), ("reference", FLOOR_KEY), ("reference", MUON_FLOOR_KEY),
+             ("reference", EIGH_FLOOR_KEY),
              ("data_rich", COORDINATES[FLOOR_BASE])]
     return order.index((job["regime"], job["group"])) if (job["regime"], job["group"]) in order else len(order)
 
@@ -132,6 +137,7 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict], regi
             "coordinates_minus_eigh_ci95": list(paired_diff_ci95([r["final_val"] for r in coords],
                                                                  [r["final_val"] for r in eigh]))}
     floors = {"coordinates": (runs(FLOOR_KEY, FLOOR_SEEDS), runs(COORDINATES[FLOOR_BASE], FLOOR_SEEDS)),
+              "eigh": (runs(EIGH_FLOOR_KEY, FLOOR_SEEDS), runs(FLOOR_BASE, FLOOR_SEEDS)),
               "muon": (runs(MUON_FLOOR_KEY, FLOOR_SEEDS), runs("muon", FLOOR_SEEDS))}
     if regime == FLOOR_REGIME and all(p is not None and o is not None for p, o in floors.values()):
         seeds_report = json.loads((RESULTS / "soap_seeds.json").read_text())["regimes"][regime]["floor"]
@@ -142,7 +148,7 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict], regi
             out["floor"][f"{name}_perturbed_minus_own"] = [p["final_val"] - o["final_val"] for p, o in zip(pert, own)]
             out["floor"][f"{name}_perturbed_diff_ci95"] = list(paired_diff_ci95([p["final_val"] for p in pert],
                                                                                 [o["final_val"] for o in own]))
-        for name in ("coordinates", "heavyball_soap", "muon"):
+        for name in ("coordinates", "eigh", "heavyball_soap", "muon"):
             diffs = out["floor"][f"{name}_perturbed_minus_own"]
             out["floor"][f"{name}_rms_difference"] = math.sqrt(sum(d * d for d in diffs) / len(diffs))
     return out
@@ -206,6 +212,7 @@ def markdown(summaries: dict[str, dict[str, Any]], first: list[dict], n_runs: in
                       *[f"| {label} | {', '.join(f'{d:+.4f}' for d in floor[f'{name}_perturbed_minus_own'])} | "
                         f"{floor[f'{name}_rms_difference']:.4f} | {interval(floor[f'{name}_perturbed_diff_ci95'])} |"
                         for name, label in (("coordinates", f"{ARMS[FLOOR_BASE]['label']}, coordinate null basis"),
+                                            ("eigh", f"{ARMS[FLOOR_BASE]['label']}, eigh's basis"),
                                             ("heavyball_soap", "SOAP (heavyball), eigh's basis"),
                                             ("muon", "Muon"))]]
     return "\n".join(lines + [""])

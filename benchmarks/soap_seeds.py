@@ -123,8 +123,8 @@ def first_update(steps: int = 2, pairs: list[dict] | None = None) -> list[dict]:
         da = displacement(pair.get("config_a") or ARMS[pair["arm_a"]], chosen[pair["arm_a"]]["lr"], False)
         db = displacement(pair.get("config_b") or ARMS[pair["arm_b"]], chosen[pair["arm_b"]]["lr"],
                           pair["perturbed"])
-        out.append({"pair": pair["pair"], "arm_a": pair["arm_a"], "arm_b": pair["arm_b"], "steps": steps,
-                    "perturbed": pair["perturbed"], "relative_difference": float((da - db).norm() / da.norm())})
+        out.append({**{k: v for k, v in pair.items() if not k.startswith("config_")}, "steps": steps,
+                    "relative_difference": float((da - db).norm() / da.norm())})
     return out
 
 

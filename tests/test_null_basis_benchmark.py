@@ -12,6 +12,7 @@ from benchmarks.nanogpt_matrix_runs import ARMS, REGIMES, job_for
 from benchmarks.null_basis import (
     BASES,
     COORDINATES,
+    EIGH_FLOOR_KEY,
     FLOOR_KEY,
     FLOOR_SEEDS,
     MUON_FLOOR_KEY,
@@ -31,7 +32,7 @@ def test_each_coordinate_arm_changes_one_option_and_the_other_runs_keep_their_ke
         assert arm["options"] == {**ARMS[base]["options"], "null_basis": "coordinates"}
         assert "null_basis" not in ARMS[base]["options"]
     planned = jobs(CHOSEN, "reference")
-    assert len(planned) == len(BASES) * len(SEEDS) * 2 + 2 * len(FLOOR_SEEDS) + 2 * len(SEEDS)
+    assert len(planned) == len(BASES) * len(SEEDS) * 2 + 3 * len(FLOOR_SEEDS) + 2 * len(SEEDS)
     assert len({job["key"] for job in planned}) == len(planned)
     setup = REGIMES["reference"]
     for arm in ARMS_READ:  # the campaign's and soap_seeds' own keys, so that their runs are read, not retrained
@@ -42,7 +43,8 @@ def test_each_coordinate_arm_changes_one_option_and_the_other_runs_keep_their_ke
         mine = [job for job in planned if job["group"] == COORDINATES[base]]
         assert [job["lr"] for job in mine] == [CHOSEN[base]["lr"]] * len(SEEDS)
         assert all(job["arm_config"]["options"]["null_basis"] == "coordinates" for job in mine)
-    for key, arm in ((FLOOR_KEY, coordinate_arm(BASES[0])), (MUON_FLOOR_KEY, ARMS["muon"])):
+    for key, arm in ((FLOOR_KEY, coordinate_arm(BASES[0])), (EIGH_FLOOR_KEY, ARMS[BASES[0]]),
+                     (MUON_FLOOR_KEY, ARMS["muon"])):
         floor = [job for job in planned if job["group"] == key]
         assert [job["seed"] for job in floor] == list(FLOOR_SEEDS)
         assert all(job["init_perturbation"] == null_basis.PERTURBATION and job["arm_config"] == arm for job in floor)
@@ -95,7 +97,8 @@ def test_the_report_names_every_arm_and_basis() -> None:
 
 def test_the_floor_pairs_each_perturbed_run_with_its_own_unperturbed_run() -> None:
     finals = {"muon": [1.55, 1.54, 1.56, 1.55, 1.545, 1.555], "soap": [1.52] * 6,
-              MUON_FLOOR_KEY: [1.552, 1.541, 1.559], FLOOR_KEY: [1.52, 1.515, 1.53]}
+              MUON_FLOOR_KEY: [1.552, 1.541, 1.559], FLOOR_KEY: [1.52, 1.515, 1.53],
+              EIGH_FLOOR_KEY: [1.53, 1.54, 1.52]}
     for base in BASES:
         finals[base] = [1.53] * 6
         finals[COORDINATES[base]] = [1.51, 1.525, 1.52, 1.515, 1.53, 1.52]
@@ -105,5 +108,6 @@ def test_the_floor_pairs_each_perturbed_run_with_its_own_unperturbed_run() -> No
     assert math.isclose(floor["muon_rms_difference"], math.sqrt(sum(d * d for d in muon) / 3))
     coords = [1.52 - 1.51, 1.515 - 1.525, 1.53 - 1.52]
     assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["coordinates_perturbed_minus_own"], coords))
+    assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["eigh_perturbed_minus_own"], [0, 0.01, -0.01]))
     assert floor["heavyball_soap_perturbed_minus_own"]  # soap_seeds' measured floor, read from its report
     assert "| Muon |" in null_basis.markdown({"reference": {"arms": {}, "floor": floor}}, [], 3)
