@@ -237,7 +237,7 @@ def plot(out: Path, records: dict[str, dict[str, dict[int, dict]]]) -> None:
             steps, vals = zip(*[(s, v) for s, v in mean_curve([by_arm["muon"][s] for s in SEEDS]) if s >= 200])
             ax.plot(steps, vals, ":", color="k", label="Muon")
         ax.set(xlabel="step", ylabel=f"validation loss (mean of {len(SEEDS)} seeds)",
-               title=f"nanoGPT {regime} regime: null basis eigh (dashed) or coordinates (solid)")
+               title=f"nanoGPT, {regime}: null basis eigh (dashed), coordinates (solid)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / f"{NAME}.png", dpi=120)
