@@ -11,7 +11,7 @@ import torch
 import symo
 from symo.optim import Symo
 from symo.optim.bases import Eigh
-from symo.runtime.linalg import eigh_basis, nearest_coordinate_basis
+from symo.runtime.linalg import eigh_basis, nearest_coordinate_basis, pivoted_rows
 
 F64 = torch.float64
 SPEC = '[spaces]\nr = "signed_perm"\n[params]\nweight = ["r", "_"]\n'
@@ -57,6 +57,15 @@ def test_the_basis_depends_on_the_span_alone_and_is_the_procrustes_optimum():
     for seed in range(20):
         other = ours @ random_orthogonal(7, 10 + seed)
         assert float(other[rows, torch.arange(7)].sum()) <= best + 1e-12
+
+
+def test_the_pivoted_rows_are_those_of_scipys_pivoted_qr():
+    import scipy.linalg
+
+    for seed in range(5):
+        u = torch.linalg.qr(torch.randn(20, 7, dtype=F64, generator=torch.Generator().manual_seed(seed))).Q
+        pivots = scipy.linalg.qr(u.T.numpy(), mode="r", pivoting=True)[1][:7]
+        assert pivoted_rows(u) == pivots.tolist()
 
 
 def test_a_full_rank_statistic_keeps_eighs_basis():

@@ -311,22 +311,32 @@ def eigh_basis(average: torch.Tensor, descending: bool, null_basis: str = "eigh"
     return (evecs.flip(-1) if descending else evecs).to(average.dtype)
 
 
+def pivoted_rows(u: torch.Tensor) -> list[int]:
+    """The k rows of u (n x k) that a QR of u^T with column pivoting picks (Businger-Golub): each time the row
+    of largest norm once its components along the rows already picked are removed (ties: the lowest index)."""
+    residual, picked = u.clone(), []
+    for _ in range(u.shape[1]):
+        norms = (residual * residual).sum(dim=1)
+        norms[picked] = -1.0
+        j = int(norms.argmax())
+        picked.append(j)
+        direction = residual[j] / residual[j].norm()
+        residual = residual - torch.outer(residual @ direction, direction)
+    return picked
+
+
 def nearest_coordinate_basis(evecs: torch.Tensor, null: torch.Tensor) -> torch.Tensor:
     """`evecs` (batch, n, n) with each element's columns marked in `null` (batch, n) replaced by the orthonormal
     basis of their span nearest the coordinate axes: U R with R orthogonal maximising tr(U[J] R) (Procrustes),
     J the k coordinates a column-pivoted QR of U^T picks, in increasing order. It depends on the span alone,
     not on the basis U that eigh returned, so a perturbation that leaves the span in place leaves it in place."""
-    import scipy.linalg
-
     out = evecs.clone()
     for i in range(evecs.shape[0]):
         cols = null[i].nonzero().squeeze(-1)
-        k = cols.numel()
-        if k == 0:
+        if cols.numel() == 0:
             continue
         u = evecs[i][:, cols].to(torch.float64)
-        pivots = scipy.linalg.qr(u.T.cpu().numpy(), mode="r", pivoting=True)[1][:k]
-        rows = torch.as_tensor(sorted(pivots.tolist()), device=u.device)
+        rows = torch.as_tensor(sorted(pivoted_rows(u)), device=u.device)
         w, _, vh = torch.linalg.svd(u[rows])
         out[i][:, cols] = (u @ (vh.mT @ w.mT)).to(out.dtype)
     return out
