@@ -211,6 +211,16 @@ def runs_beside_the_campaign(jobs: list[dict], cache: Any, workers: int, train: 
     return {key: record for key, record in found.items() if record is not None}
 
 
+def records_by_group(todo: dict[str, list[dict]], found: dict[str, dict]) -> dict[str, dict[str, dict[int, dict]]]:
+    """{regime: {job group: {seed: record}}} of the jobs (per regime) that `found` holds a run of."""
+    records: dict[str, dict[str, dict[int, dict]]] = {regime: {} for regime in todo}
+    for regime, jobs in todo.items():
+        for job in jobs:
+            if job["key"] in found:
+                records[regime].setdefault(job["group"], {})[job["seed"]] = found[job["key"]]
+    return records
+
+
 def job_for(regime: str, setup: dict, arm: str, lr: float, wd: float, seed: int) -> dict:
     size = "x".join(str(setup[k]) for k in ("n_layer", "n_embd", "n_head", "batch_size", "block_size", "steps"))
     return {"key": f"{regime}/{size}/{arm}/lr{lr:g}/wd{wd:g}/seed{seed}", "regime": regime, "setup": setup,

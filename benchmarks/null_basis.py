@@ -37,6 +37,7 @@ from benchmarks.nanogpt_matrix_runs import (
     RESULTS,
     follow_up_args,
     job_for,
+    records_by_group,
     runs_beside_the_campaign,
 )
 from benchmarks.soap_seeds import first_update, muon_loss_steps_ratio, tuned
@@ -253,11 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     found = runs_beside_the_campaign(sorted((job for job in every if job["key"] not in seeds_cache), key=priority),
                                      RunCache(args.out / f"{NAME}_runs.json"), args.workers, not args.report, NAME)
     found.update({job["key"]: seeds_cache[job["key"]] for job in every if job["key"] in seeds_cache})
-    records: dict[str, dict[str, dict[int, dict]]] = {regime: {} for regime in MEASURED}
-    for regime in MEASURED:
-        for job in todo[regime]:
-            if job["key"] in found:
-                records[regime].setdefault(job["group"], {})[job["seed"]] = found[job["key"]]
+    records = records_by_group(todo, found)
     first = [*first_update(2, first_update_pairs()), *first_update(6, first_update_pairs())]
     summaries = {regime: summarize(records[regime], chosen[regime], regime) for regime in MEASURED}
     n_runs = sum(len(runs) for by_arm in records.values() for runs in by_arm.values())

@@ -38,6 +38,7 @@ from benchmarks.nanogpt_matrix_runs import (
     follow_up_args,
     job_for,
     perturb,
+    records_by_group,
     runs_beside_the_campaign,
 )
 
@@ -297,11 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = {regime: jobs(chosen[regime], regime) for regime in MEASURED}
     found = runs_beside_the_campaign([job for regime in MEASURED for job in todo[regime]],
                                      RunCache(args.out / f"{NAME}_runs.json"), args.workers, not args.report, NAME)
-    records: dict[str, dict[str, dict[int, dict]]] = {regime: {} for regime in MEASURED}
-    for regime in MEASURED:
-        for job in todo[regime]:
-            if job["key"] in found:
-                records[regime].setdefault(job["group"], {})[job["seed"]] = found[job["key"]]
+    records = records_by_group(todo, found)
     first = first_update()
     summaries = {regime: summarize(records[regime], chosen[regime]) for regime in MEASURED}
     n_runs = sum(len(runs) for by_arm in records.values() for runs in by_arm.values())
