@@ -46,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import symo.optim.kinds.polar as polar_kind
 from symo.optim import Symo
+from symo.optim.kinds.eigen_adam import EigenAdam
 from symo.optim.kinds.root import Root
 from symo.train.models import GPT
 
@@ -111,24 +112,32 @@ def _bytes(t: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def counting_matrix_functions(calls: Counter):
-    """Count the matrix functions per block (the polar kind's, and the root kind's refreshes of stored
-    statistics), by wrapping the two places the step computes them; the tests count with it too."""
-    single, refresh = polar_kind.current_statistic_apply, Root.refresh
+    """Count the matrix functions per block (the polar kind's, the root kind's refreshes of stored statistics and
+    eigen_adam's eigenbasis refreshes, SOAP's), by wrapping the places the step computes them; the tests count
+    with it too."""
+    single = polar_kind.current_statistic_apply
+    refreshes = {kind: kind.refresh for kind in (Root, EigenAdam)}
 
     def single_counted(y, **k):
         calls[k["plan"].where] += 1
         return single(y, **k)
 
-    def refresh_counted(self, stage, blocks, ctx):
-        for b in blocks:
-            calls[b.plan.where] += 1
-        return refresh(self, stage, blocks, ctx)
+    def counted(refresh):
+        def refresh_counted(self, stage, blocks, ctx):
+            for b in blocks:
+                calls[b.plan.where] += 1
+            return refresh(self, stage, blocks, ctx)
+        return refresh_counted
 
-    polar_kind.current_statistic_apply, Root.refresh = single_counted, refresh_counted
+    polar_kind.current_statistic_apply = single_counted
+    for kind, refresh in refreshes.items():
+        kind.refresh = counted(refresh)
     try:
         yield
     finally:
-        polar_kind.current_statistic_apply, Root.refresh = single, refresh
+        polar_kind.current_statistic_apply = single
+        for kind, refresh in refreshes.items():
+            kind.refresh = refresh
 
 
 def run_one(spec: str, wrap: str, mode: str, warmup: int, steps: int, world: int, rank: int,

@@ -36,6 +36,9 @@ class Case:
     """A covered parameter with requires_grad=False."""
     sizes: dict[str, int] | None = None
     options: dict[str, Any] = field(default_factory=lambda: {"preconditioner": "root", "beta2": 0.9, "damping": 1e-3})
+    whole_batch: bool = False
+    """Every rank trains on the whole batch rather than its slice, so the averaged gradient is one process's to the
+    last bit: for optimizers that turn the sums' rounding into O(1) moves (SOAP's Adam step in a rotated basis)."""
 
 
 class TwoBranches(nn.Module):
@@ -70,6 +73,11 @@ CASES: dict[str, Case] = {
     "shampoo_gm": Case(lambda: MLP((8, 15, 13, 4)), "shampoo_rows", "fc2.weight",
                        options={"preconditioner": "root", "beta2": 0.9, "damping": 1e-3,
                                 "geometric_mean_with": "shampoo_cols"}),
+    # SOAP-Muon, symo train's default: both Kronecker sides of one spec, the first step skipped, QR refreshes every
+    # other step
+    "gpt_soap_muon": Case(_gpt, "gpt_muon", "transformer.h.1.attn.c_proj.weight",
+                          options={"preset": "soap_muon", "stats_dtype": "float64", "precondition_frequency": 2},
+                          whole_batch=True),
     # two dtypes: one exchange per dtype each way
     "mixed_dtypes": Case(TwoBranches, "two_branches", "high.fc1.bias"),
     # collectives must not grow with the parameters: the same MLP, three times deeper
@@ -187,7 +195,7 @@ def train(name: str, spec_dir: str, mode: str, steps: range = range(STEPS), mode
     calls, collectives = record.setdefault("calls", Counter()), record.setdefault("collectives", [])
     for step in steps:
         data = batch(name, step)
-        if mode != "off":
+        if mode != "off" and not CASES[name].whole_batch:
             rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
             data = tuple(t[rows] for t in data)
         opt.zero_grad()
