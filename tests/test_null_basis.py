@@ -105,6 +105,43 @@ def test_the_first_update_is_fixed_by_the_weights(preset):
     assert gaps["eigh"] > 0.05, gaps
 
 
+def trajectory_gap(relative: float, **options) -> float:
+    """A float64 tanh MLP (8-8-8-4, its true spec: one hidden matrix is a 64-wide block whose statistic gains
+    rank one per step) trained 5 steps by two-sided SOAP refreshed every other step, once as is and once with
+    every gradient entry multiplied by 1 + relative x noise: the largest entrywise gap, over the parameter's
+    largest entry."""
+    from symo.train.models import MLP
+
+    def run(noise: float) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = MLP((8, 8, 8, 4)).double()
+        opt = Symo(model.named_parameters(), "mlp_tanh", lr=0.02, preset="soap", stats_dtype="float64",
+                   precondition_frequency=2, **options)
+        gen = torch.Generator().manual_seed(5)
+        for step in range(5):
+            data = torch.Generator().manual_seed(1000 + step)
+            x, y = torch.randn(8, 8, generator=data, dtype=F64), torch.randn(8, 4, generator=data, dtype=F64)
+            model.zero_grad()
+            (model(x) - y).square().mean().backward()
+            for p in model.parameters():
+                p.grad.mul_(1 + noise * torch.randn(p.shape, generator=gen, dtype=F64))
+            opt.step()
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    a, b = run(0.0), run(relative)
+    return max(float((a[n] - b[n]).abs().max() / a[n].abs().max()) for n in a)
+
+
+def test_with_eigh_refreshes_the_coordinate_basis_makes_the_whole_run_independent_of_rounding():
+    """Gradients 1e-15 apart: with refresh=Eigh() and the coordinate basis every refresh takes the same basis, so
+    the runs stay 1e-10 apart. A QR refresh of a rank-deficient statistic turns the columns beyond its rank into
+    normalised rounding noise, so with SOAP's QR refreshes the runs end percents apart, coordinate basis or not
+    (the options' documentation says so)."""
+    assert trajectory_gap(1e-15, refresh=Eigh(), null_basis="coordinates") < 1e-10
+    assert trajectory_gap(1e-15, null_basis="coordinates") > 1e-3
+    assert trajectory_gap(1e-15) > 1e-3
+
+
 @pytest.mark.parametrize("options", [{"preset": "soap_muon"}, {"preset": "soap", "refresh": Eigh()}])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_coordinate_basis_never_makes_a_nan(dtype, options):
