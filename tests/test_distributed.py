@@ -92,7 +92,7 @@ def test_equal_to_one_process_after_five_steps(world, mode, tmp_path_factory):
     parameter's largest entry; what differs is only the order of the gradients' sums). The mixed-dtype
     case to 1e-5: its float32 branch's rounding reaches the float64 one through the loss. SOAP-Muon, whose Adam
     step in a rotated basis turns that rounding into O(1) moves (one process with gradients 1e-15 apart ends
-    3-15% apart), trains every rank on the whole batch, so its averaged gradients are exact and it must be
+    up to 15% apart), trains every rank on the whole batch, so its averaged gradients are exact and it must be
     bit-identical."""
     results = runs(world, tmp_path_factory)
     for name in EQUIVALENCE:
