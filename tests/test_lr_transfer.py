@@ -12,6 +12,8 @@ import math
 import pytest
 
 from benchmarks import lr_transfer as lt
+from benchmarks import lr_transfer_grid as ltg
+from benchmarks import lr_transfer_report as ltr
 from benchmarks.preset_arms import arm_name, preset_options, preset_spec
 
 
@@ -38,18 +40,18 @@ def test_an_edge_optimum_extends_the_grid_and_an_inner_one_does_not():
 
 
 def test_diverged_rates_lose_and_ties_take_the_smaller_rate():
-    assert lt.best_of({0.1: math.inf, 0.03: 2.0, 0.01: 2.0}) == 0.01
-    assert lt.extension({0.1: math.inf, 0.3: math.inf, 0.03: 1.0}) == 0.01
+    assert ltg.best_of({0.1: math.inf, 0.03: 2.0, 0.01: 2.0}) == 0.01
+    assert ltg.extension({0.1: math.inf, 0.3: math.inf, 0.03: 1.0}) == 0.01
 
 
 def test_recommendation_minimises_the_worst_ratio(monkeypatch):
-    assert lt.recommend([0.01, 0.09]) == 0.03  # geometric midpoint: 3x either way
-    assert lt.recommend([0.02]) == 0.02
-    assert [lt.nice(x) for x in (0.017, 0.0042, 0.6, 1.2)] == [0.015, 0.005, 0.7, 1.0]
+    assert ltg.recommend([0.01, 0.09]) == 0.03  # geometric midpoint: 3x either way
+    assert ltg.recommend([0.02]) == 0.02
+    assert [ltg.nice(x) for x in (0.017, 0.0042, 0.6, 1.2)] == [0.015, 0.005, 0.7, 1.0]
     cells = {("p", None, q): lt.Cell("p", None, q, finals={lr / 3: 1.0, lr: 0.0, lr * 3: 1.0})
              for q, lr in (("a", 0.01), ("b", 0.09))}
     monkeypatch.setitem(lt.GRID_CENTRE, "p", 0.03)
-    out = lt.summarise(cells, ["p"], ["a", "b"], {"p": 0.03})
+    out = ltr.summarise(cells, ["p"], ["a", "b"], {"p": 0.03})
     assert out["presets"]["p"]["recommended"] == 0.03
     assert out["presets"]["p"]["worst_ratio_at_recommended"] == pytest.approx(3.0)
     assert out["goal_met"] and out["cells_within_goal"] == 2
@@ -105,6 +107,19 @@ def test_the_nanogpt_true_column_reads_the_campaigns_gpt_true_arms_that_are_the_
     assert "symo_soap_gpt_true" in true.source and "symo_soap_gpt_muon" in muon.source
     assert lt.nanogpt_cell("eigen_adam", tmp_path, "true").source == \
         "pending: nanogpt_matrix.json (symo_one_sided_soap_gpt_true)"
+
+
+def test_the_nanogpt_muon_column_reads_soap_muon_from_the_campaigns_arm_that_is_the_preset():
+    """symo train's default preset on gpt_muon: the screening pass's SOAP-Muon arm, whose options build the preset's
+    configuration (tests/test_presets.py); on gpt_true that arm ran with parameter_rms=False, so it is trained here."""
+    from benchmarks.nanogpt_matrix_runs import ARMS, SOAP_MUON
+
+    file, regime, arm, differs = lt.NANOGPT_SOURCES["muon"]["soap_muon"]
+    assert (file, regime, arm, differs) == ("nanogpt_matrix.json", "screen", "symo_soap_muon_gpt_muon", "")
+    assert ARMS[arm]["options"] == SOAP_MUON and ARMS[arm]["spec"] == "gpt_muon"
+    assert "soap_muon" in lt.NANOGPT_TRAINED["true"] and "soap_muon" not in lt.NANOGPT_SOURCES["true"]
+    cell = lt.nanogpt_cell("soap_muon", lt.RESULTS)  # the committed screening pass
+    assert cell.best == 0.02 and cell.bound == ""
 
 
 def test_nanogpt_runs_trained_here_take_their_columns_spec_with_parameter_rms_on(one_thread):
@@ -164,11 +179,11 @@ def test_quick_mode_writes_the_outputs_and_a_second_run_trains_nothing(tmp_path,
 
 def test_a_grid_step_rounded_to_three_digits_counts_as_three_and_four_does_not():
     """0.00333 is one factor-3 step below 0.01 on the grid (rates keep 3 significant digits): within 3x."""
-    assert lt.grid_rate(0.01 / 3) == 0.00333
-    assert lt.within_goal({"bound": "", "ratio": 0.00333 / 0.01})
-    assert lt.within_goal({"bound": "", "ratio": 0.0301 / 0.01})
-    assert not lt.within_goal({"bound": "", "ratio": 0.0025 / 0.01})
-    assert not lt.within_goal({"bound": "<=", "ratio": 1.0})
+    assert ltg.grid_rate(0.01 / 3) == 0.00333
+    assert ltr.within_goal({"bound": "", "ratio": 0.00333 / 0.01})
+    assert ltr.within_goal({"bound": "", "ratio": 0.0301 / 0.01})
+    assert not ltr.within_goal({"bound": "", "ratio": 0.0025 / 0.01})
+    assert not ltr.within_goal({"bound": "<=", "ratio": 1.0})
 
 
 def test_spec_arms_name_their_spec_variant_and_keep_the_presets_options():
@@ -206,7 +221,8 @@ def test_key_suffixes_mark_exactly_the_runs_whose_code_changed():
 def test_each_spec_column_measures_its_presets_and_says_why_a_cell_is_not_measured():
     presets = list(lt.GRID_CENTRE)
     assert lt.spec_presets("true", presets) == presets
-    assert set(lt.spec_presets("muon", presets)) == {"muon", "then_orthogonalize", "eigen_adam", "soap"}
+    assert set(lt.spec_presets("muon", presets)) == {"muon", "then_orthogonalize", "eigen_adam", "soap", "soap_muon"}
+    assert "soap_muon" in presets  # symo train's default preset is measured on every problem
     assert lt.not_measured("soap", "true", "mnist_autoencoder") is None  # the costliest cell, measured
     assert lt.not_measured("soap", "true", "rnn_train") is None
     assert lt.not_measured("soap", "muon", "mnist_autoencoder") is None
@@ -235,25 +251,25 @@ def _cells(finals_by_problem: dict[str, dict[float, float]], preset: str, spec: 
 
 def test_the_goal_is_evaluated_per_spec_and_the_md_has_a_table_per_spec(monkeypatch):
     # a cell left out with its reason (none is today), as NOT_MEASURED would hold it
-    monkeypatch.setitem(lt.NOT_MEASURED, ("soap", "true", "mnist_autoencoder"),
+    monkeypatch.setitem(ltg.NOT_MEASURED, ("soap", "true", "mnist_autoencoder"),
                         "not measured: the true spec puts fc2 and fc3 each into one 4096-wide block")
     good = {0.001: 1.0, 0.003: 0.0, 0.009: 1.0}      # best 3e-3: 1x soap's documented rate
     far = {3.33e-5: 1.0, 0.0001: 0.0, 0.0003: 1.0}   # best 1e-4: 1/30x
     documented = {"soap": 3e-3}
     columns = ["rnn_train", "mnist_autoencoder", "nanogpt"]
-    true = lt.summarise(_cells({"rnn_train": good}, "soap", "true"), ["soap"], columns[:2], documented, spec="true",
+    true = ltr.summarise(_cells({"rnn_train": good}, "soap", "true"), ["soap"], columns[:2], documented, spec="true",
                         columns=columns)
-    muon = lt.summarise(_cells({"rnn_train": far, "mnist_autoencoder": good}, "soap", "muon"), ["soap"],
+    muon = ltr.summarise(_cells({"rnn_train": far, "mnist_autoencoder": good}, "soap", "muon"), ["soap"],
                         columns[:2], documented, spec="muon", columns=columns)
     assert true["goal_met"] and true["cells_measured"] == 1
     assert set(true["presets"]["soap"]["not_measured"]) == {"mnist_autoencoder"}  # nanoGPT: no reason, not here
     assert not muon["goal_met"] and (muon["cells_within_goal"], muon["cells_measured"]) == (1, 2)
     assert set(muon["presets"]["soap"]["not_measured"]) == set()  # nanoGPT soap: not in these cells, no reason
-    data = lt.summarise_specs({"true": true, "muon": muon})
+    data = ltr.summarise_specs({"true": true, "muon": muon})
     assert not data["goal_met"] and (data["cells_within_goal"], data["cells_measured"]) == (2, 3)
     data["meta"] = {"command": "python -m benchmarks.lr_transfer", "wall_s": 60.0, "runs": 6, "run_seconds": 60.0,
                     "muon_style_presets": ["soap"], "presets_not_measured": ["soap_heavyball"]}
-    md = lt.markdown(data)
+    md = ltr.markdown(data)
     true_table = md[md.index("### True-symmetry spec (goal: met, 1 of 1 cells)"):md.index("### Muon-style spec")]
     assert "| soap | 0.003 | 1x | not measured | - | yes |" in true_table
     muon_table = md[md.index("### Muon-style spec (goal: not met, 1 of 2 cells)"):md.index("## Best rates and")]
