@@ -13,9 +13,12 @@ asks whether that makes SOAP's runs reproducible and whether it trains better or
   campaign's tuned rate and decay for the arm with eigh's basis, paired with that arm's runs
   (benchmarks/soap_seeds.py holds seeds 3-5, the campaign seeds 0-2);
 - floor (reference regime): SOAP-Muon with either basis, and Muon as the control, at seeds 0-2 from initial weights
-  moved by 1e-7, each paired with its own unperturbed runs, beside heavyball's SOAP's floor from soap_seeds.
+  moved by 1e-7, each paired with its own unperturbed runs, beside heavyball's SOAP's floor from soap_seeds; and
+  SOAP-Muon with the coordinate basis and `refresh=Eigh()`, whose every refresh takes that basis again (a QR
+  refresh of a still rank-deficient statistic orthonormalises rounding noise: tests/test_null_basis.py), with its
+  own unperturbed runs.
 
-    python -m benchmarks.null_basis              # 45 runs of 1-7 minutes on 2 workers (about 190 worker-minutes)
+    python -m benchmarks.null_basis              # 51 runs of 1-7 minutes on 2 workers (about 230 worker-minutes)
     python -m benchmarks.null_basis --report     # train nothing: the report of what the run caches hold
 
 New runs go to benchmarks/results/null_basis_runs.json. Writes null_basis.{md,json,png}.
@@ -41,6 +44,7 @@ from benchmarks.nanogpt_matrix_runs import (
     runs_beside_the_campaign,
 )
 from benchmarks.soap_seeds import first_update, muon_loss_steps_ratio, tuned
+from symo.optim.bases import Eigh
 
 NAME = "null_basis"
 MEASURED = ("reference", "data_rich")
@@ -53,6 +57,9 @@ FLOOR_BASE = "symo_soap_muon_gpt_muon"
 FLOOR_KEY = f"{COORDINATES[FLOOR_BASE]}_init_perturbed"
 EIGH_FLOOR_KEY = f"{FLOOR_BASE}_init_perturbed"  # the same optimizer with eigh's basis
 MUON_FLOOR_KEY = "muon_init_perturbed"  # the control: Muon, whose first update rounding does not decide
+# SOAP-Muon whose every refresh is an eigh that gives the null directions the coordinate basis again
+EIGH_REFRESH = f"{COORDINATES[FLOOR_BASE]}_eigh_refresh"
+EIGH_REFRESH_FLOOR_KEY = f"{EIGH_REFRESH}_init_perturbed"
 
 
 def coordinate_arm(base: str) -> dict[str, Any]:
@@ -60,6 +67,13 @@ def coordinate_arm(base: str) -> dict[str, Any]:
     arm = ARMS[base]
     return {**arm, "options": {**arm["options"], "null_basis": "coordinates"},
             "label": f"{arm['label']}, coordinate null basis"}
+
+
+def eigh_refresh_arm() -> dict[str, Any]:
+    """SOAP-Muon with the coordinate null basis and refresh=Eigh(): every refresh an eigh (Adam's second moment
+    kept by position) whose null directions take the coordinate basis."""
+    arm = coordinate_arm(FLOOR_BASE)
+    return {**arm, "options": {**arm["options"], "refresh": Eigh()}, "label": f"{arm['label']}, eigh refreshes"}
 
 
 def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
@@ -81,6 +95,11 @@ def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
         for seed in FLOOR_SEEDS:
             job = job_for(regime, setup, EIGH_FLOOR_KEY, lr, wd, seed)
             out.append(dict(job, group=EIGH_FLOOR_KEY, arm_config=ARMS[FLOOR_BASE], init_perturbation=PERTURBATION))
+        for key, perturbation in ((EIGH_REFRESH, 0.0), (EIGH_REFRESH_FLOOR_KEY, PERTURBATION)):
+            for seed in FLOOR_SEEDS:
+                job = job_for(regime, setup, key, lr, wd, seed)
+                out.append(dict(job, group=key, arm_config=eigh_refresh_arm(),
+                                **({"init_perturbation": perturbation} if perturbation else {})))
         for seed in FLOOR_SEEDS:
             job = job_for(regime, setup, MUON_FLOOR_KEY, chosen["muon"]["lr"], chosen["muon"]["weight_decay"], seed)
             out.append(dict(job, group=MUON_FLOOR_KEY, arm_config=ARMS["muon"], init_perturbation=PERTURBATION))
@@ -139,7 +158,8 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict], regi
                                                                  [r["final_val"] for r in eigh]))}
     floors = {"coordinates": (runs(FLOOR_KEY, FLOOR_SEEDS), runs(COORDINATES[FLOOR_BASE], FLOOR_SEEDS)),
               "eigh": (runs(EIGH_FLOOR_KEY, FLOOR_SEEDS), runs(FLOOR_BASE, FLOOR_SEEDS)),
-              "muon": (runs(MUON_FLOOR_KEY, FLOOR_SEEDS), runs("muon", FLOOR_SEEDS))}
+              "muon": (runs(MUON_FLOOR_KEY, FLOOR_SEEDS), runs("muon", FLOOR_SEEDS)),
+              "eigh_refresh": (runs(EIGH_REFRESH_FLOOR_KEY, FLOOR_SEEDS), runs(EIGH_REFRESH, FLOOR_SEEDS))}
     if regime == FLOOR_REGIME and all(p is not None and o is not None for p, o in floors.values()):
         seeds_report = json.loads((RESULTS / "soap_seeds.json").read_text())["regimes"][regime]["floor"]
         out["floor"] = {"perturbation": PERTURBATION, "seeds": list(FLOOR_SEEDS),
@@ -149,9 +169,14 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict], regi
             out["floor"][f"{name}_perturbed_minus_own"] = [p["final_val"] - o["final_val"] for p, o in zip(pert, own)]
             out["floor"][f"{name}_perturbed_diff_ci95"] = list(paired_diff_ci95([p["final_val"] for p in pert],
                                                                                 [o["final_val"] for o in own]))
-        for name in ("coordinates", "eigh", "heavyball_soap", "muon"):
+        for name in ("coordinates", "eigh", "heavyball_soap", "muon", "eigh_refresh"):
             diffs = out["floor"][f"{name}_perturbed_minus_own"]
             out["floor"][f"{name}_rms_difference"] = math.sqrt(sum(d * d for d in diffs) / len(diffs))
+        own, eigh = floors["eigh_refresh"][1], floors["eigh"][1]
+        out["floor"]["eigh_refresh_final_val_mean"] = mean_std([r["final_val"] for r in own])[0]
+        out["floor"]["eigh_final_val_mean"] = mean_std([r["final_val"] for r in eigh])[0]
+        out["floor"]["eigh_refresh_minus_eigh_ci95"] = list(paired_diff_ci95([r["final_val"] for r in own],
+                                                                             [r["final_val"] for r in eigh]))
     return out
 
 
@@ -214,8 +239,14 @@ def markdown(summaries: dict[str, dict[str, Any]], first: list[dict], n_runs: in
                         f"{floor[f'{name}_rms_difference']:.4f} | {interval(floor[f'{name}_perturbed_diff_ci95'])} |"
                         for name, label in (("coordinates", f"{ARMS[FLOOR_BASE]['label']}, coordinate null basis"),
                                             ("eigh", f"{ARMS[FLOOR_BASE]['label']}, eigh's basis"),
+                                            ("eigh_refresh", f"{ARMS[FLOOR_BASE]['label']}, coordinate null "
+                                                             "basis, eigh refreshes"),
                                             ("heavyball_soap", "SOAP (heavyball), eigh's basis"),
-                                            ("muon", "Muon"))]]
+                                            ("muon", "Muon"))],
+                      "", f"With eigh refreshes and the coordinate basis SOAP-Muon's own runs (seeds "
+                      f"{', '.join(map(str, floor['seeds']))}) end at {floor['eigh_refresh_final_val_mean']:.4f}, "
+                      f"against {floor['eigh_final_val_mean']:.4f} with its defaults (QR refreshes, eigh's basis): "
+                      f"paired 95% {interval(floor['eigh_refresh_minus_eigh_ci95'])}."]
     return "\n".join(lines + [""])
 
 

@@ -13,11 +13,14 @@ from benchmarks.null_basis import (
     BASES,
     COORDINATES,
     EIGH_FLOOR_KEY,
+    EIGH_REFRESH,
+    EIGH_REFRESH_FLOOR_KEY,
     FLOOR_KEY,
     FLOOR_SEEDS,
     MUON_FLOOR_KEY,
     SEEDS,
     coordinate_arm,
+    eigh_refresh_arm,
     jobs,
     summarize,
 )
@@ -32,7 +35,7 @@ def test_each_coordinate_arm_changes_one_option_and_the_other_runs_keep_their_ke
         assert arm["options"] == {**ARMS[base]["options"], "null_basis": "coordinates"}
         assert "null_basis" not in ARMS[base]["options"]
     planned = jobs(CHOSEN, "reference")
-    assert len(planned) == len(BASES) * len(SEEDS) * 2 + 3 * len(FLOOR_SEEDS) + 2 * len(SEEDS)
+    assert len(planned) == len(BASES) * len(SEEDS) * 2 + 5 * len(FLOOR_SEEDS) + 2 * len(SEEDS)
     assert len({job["key"] for job in planned}) == len(planned)
     setup = REGIMES["reference"]
     for arm in ARMS_READ:  # the campaign's and soap_seeds' own keys, so that their runs are read, not retrained
@@ -44,11 +47,17 @@ def test_each_coordinate_arm_changes_one_option_and_the_other_runs_keep_their_ke
         assert [job["lr"] for job in mine] == [CHOSEN[base]["lr"]] * len(SEEDS)
         assert all(job["arm_config"]["options"]["null_basis"] == "coordinates" for job in mine)
     for key, arm in ((FLOOR_KEY, coordinate_arm(BASES[0])), (EIGH_FLOOR_KEY, ARMS[BASES[0]]),
-                     (MUON_FLOOR_KEY, ARMS["muon"])):
+                     (MUON_FLOOR_KEY, ARMS["muon"]), (EIGH_REFRESH_FLOOR_KEY, eigh_refresh_arm())):
         floor = [job for job in planned if job["group"] == key]
         assert [job["seed"] for job in floor] == list(FLOOR_SEEDS)
         assert all(job["init_perturbation"] == null_basis.PERTURBATION and job["arm_config"] == arm for job in floor)
         assert not [job for job in jobs(CHOSEN, "data_rich") if job["group"] == key]
+    # the eigh-refresh arm: two options changed from SOAP-Muon's, and its own unperturbed runs to pair with
+    assert eigh_refresh_arm()["options"] == {**coordinate_arm(BASES[0])["options"],
+                                             "refresh": eigh_refresh_arm()["options"]["refresh"]}
+    assert type(eigh_refresh_arm()["options"]["refresh"]).__name__ == "Eigh"
+    own = [job for job in planned if job["group"] == EIGH_REFRESH]
+    assert [job["seed"] for job in own] == list(FLOOR_SEEDS) and all("init_perturbation" not in job for job in own)
 
 
 def _records(finals: dict[str, list[float]]) -> dict[str, dict[int, dict]]:
@@ -98,7 +107,8 @@ def test_the_report_names_every_arm_and_basis() -> None:
 def test_the_floor_pairs_each_perturbed_run_with_its_own_unperturbed_run() -> None:
     finals = {"muon": [1.55, 1.54, 1.56, 1.55, 1.545, 1.555], "soap": [1.52] * 6,
               MUON_FLOOR_KEY: [1.552, 1.541, 1.559], FLOOR_KEY: [1.52, 1.515, 1.53],
-              EIGH_FLOOR_KEY: [1.53, 1.54, 1.52]}
+              EIGH_FLOOR_KEY: [1.53, 1.54, 1.52], EIGH_REFRESH: [1.525, 1.52, 1.535],
+              EIGH_REFRESH_FLOOR_KEY: [1.526, 1.52, 1.53]}
     for base in BASES:
         finals[base] = [1.53] * 6
         finals[COORDINATES[base]] = [1.51, 1.525, 1.52, 1.515, 1.53, 1.52]
@@ -109,5 +119,14 @@ def test_the_floor_pairs_each_perturbed_run_with_its_own_unperturbed_run() -> No
     coords = [1.52 - 1.51, 1.515 - 1.525, 1.53 - 1.52]
     assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["coordinates_perturbed_minus_own"], coords))
     assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["eigh_perturbed_minus_own"], [0, 0.01, -0.01]))
+    refresh = [1.526 - 1.525, 0.0, 1.53 - 1.535]
+    assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["eigh_refresh_perturbed_minus_own"], refresh))
+    assert math.isclose(floor["eigh_refresh_final_val_mean"], statistics.mean([1.525, 1.52, 1.535]))
+    expected = [a - b for a, b in zip([1.525, 1.52, 1.535], [1.53] * 3)]
+    half = 4.302652729911275 * statistics.stdev(expected) / math.sqrt(3)  # t(0.975, 2)
+    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in
+               zip(floor["eigh_refresh_minus_eigh_ci95"], [statistics.mean(expected) - half,
+                                                            statistics.mean(expected) + half]))
     assert floor["heavyball_soap_perturbed_minus_own"]  # soap_seeds' measured floor, read from its report
-    assert "| Muon |" in null_basis.markdown({"reference": {"arms": {}, "floor": floor}}, [], 3)
+    md = null_basis.markdown({"reference": {"arms": {}, "floor": floor}}, [], 3)
+    assert "| Muon |" in md and "eigh refreshes |" in md
