@@ -76,10 +76,15 @@ def runs(world: int, tmp_path_factory) -> dict:
         mp.start_processes(_worker, args=(world, free_port(), spec_dir), nprocs=world, start_method="fork")
         ranks = [torch.load(os.path.join(spec_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
         one = {}
-        for name in EQUIVALENCE:
-            record: dict = {}
-            model, _ = train(name, spec_dir, "off", record=record)
-            one[name] = {"params": full_params(model), **record}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as each rank (init): a matmul's summation order depends on the thread count
+        try:
+            for name in EQUIVALENCE:
+                record: dict = {}
+                model, _ = train(name, spec_dir, "off", record=record)
+                one[name] = {"params": full_params(model), **record}
+        finally:
+            torch.set_num_threads(threads)
         _RUNS[world] = {"ranks": ranks, "one": one}
     return _RUNS[world]
 
