@@ -60,6 +60,7 @@ MUON_FLOOR_KEY = "muon_init_perturbed"  # the control: Muon, whose first update 
 # SOAP-Muon whose every refresh is an eigh that gives the null directions the coordinate basis again
 EIGH_REFRESH = f"{COORDINATES[FLOOR_BASE]}_eigh_refresh"
 EIGH_REFRESH_FLOOR_KEY = f"{EIGH_REFRESH}_init_perturbed"
+FIRST_UPDATE_EPS = (1e-6, 1e-5)  # SOAP-Muon's first updates with Adam's eps raised from 1e-8
 
 
 def coordinate_arm(base: str) -> dict[str, Any]:
@@ -118,13 +119,23 @@ def priority(job: dict) -> int:
     return order.index((job["regime"], job["group"])) if (job["regime"], job["group"]) in order else len(order)
 
 
+def eps_arm(eps: float) -> dict[str, Any]:
+    """SOAP-Muon (eigh's basis) with Adam's eps raised from SOAP's 1e-8."""
+    arm = ARMS[FLOOR_BASE]
+    return {**arm, "options": {**arm["options"], "eps": eps}, "label": f"{arm['label']}, eps {eps:g}"}
+
+
 def first_update_pairs() -> list[dict]:
-    """Each base arm against itself from initial weights 1e-7 apart, with eigh's basis and with the coordinates'."""
-    return [{"pair": f"{ARMS[base]['label']}, {basis} null basis, against itself from initial weights 1e-7 apart",
-             "arm_a": base, "arm_b": base, "perturbed": True, "basis": basis,
-             **({"config_a": coordinate_arm(base), "config_b": coordinate_arm(base)} if basis == "coordinates"
-                else {})}
-            for base in BASES for basis in ("eigh", "coordinates")]
+    """Each base arm against itself from initial weights 1e-7 apart, with eigh's basis and with the coordinates';
+    then SOAP-Muon with eigh's basis at each of FIRST_UPDATE_EPS (does a larger eps damp what rounding moves?)."""
+    pairs = [{"pair": f"{ARMS[base]['label']}, {basis} null basis, against itself from initial weights 1e-7 apart",
+              "arm_a": base, "arm_b": base, "perturbed": True, "basis": basis,
+              **({"config_a": coordinate_arm(base), "config_b": coordinate_arm(base)} if basis == "coordinates"
+                 else {})}
+             for base in BASES for basis in ("eigh", "coordinates")]
+    return pairs + [{"pair": f"{eps_arm(eps)['label']}, against itself from initial weights 1e-7 apart",
+                     "arm_a": FLOOR_BASE, "arm_b": FLOOR_BASE, "perturbed": True, "basis": "eigh", "eps": eps,
+                     "config_a": eps_arm(eps), "config_b": eps_arm(eps)} for eps in FIRST_UPDATE_EPS]
 
 
 def arm_summary(runs: list[dict], muon: list[dict], heavyball: list[dict]) -> dict[str, Any]:
@@ -210,11 +221,13 @@ def markdown(summaries: dict[str, dict[str, Any]], first: list[dict], n_runs: in
         "| arm | null basis | after the first update (2 steps) | after 6 steps |",
         "|---|---|---|---|",
     ]
-    by_key = {(r["arm_a"], r.get("basis", "eigh"), r["steps"]): r["relative_difference"] for r in first}
-    for base in BASES:
-        for basis in ("eigh", "coordinates"):
-            cells = [f"{by_key[(base, basis, n)]:.2e}" if (base, basis, n) in by_key else "-" for n in (2, 6)]
-            lines.append(f"| {ARMS[base]['label']} | {basis} | {' | '.join(cells)} |")
+    by_key = {(r["arm_a"], r.get("basis", "eigh"), r.get("eps"), r["steps"]): r["relative_difference"]
+              for r in first}
+    rows = [(base, basis, None) for base in BASES for basis in ("eigh", "coordinates")]
+    for base, basis, eps in rows + [(FLOOR_BASE, "eigh", eps) for eps in FIRST_UPDATE_EPS]:
+        cells = [f"{by_key[(base, basis, eps, n)]:.2e}" if (base, basis, eps, n) in by_key else "-" for n in (2, 6)]
+        label = ARMS[base]["label"] + ("" if eps is None else f", eps {eps:g} (SOAP's: 1e-8)")
+        lines.append(f"| {label} | {basis} | {' | '.join(cells)} |")
     for regime, summary in summaries.items():
         lines += ["", f"## {regime}", "",
                   "| arm | lr | wd | null basis | final val | coordinates - eigh, 95% | diff to Muon, 95% | "

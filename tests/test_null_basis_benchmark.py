@@ -60,6 +60,17 @@ def test_each_coordinate_arm_changes_one_option_and_the_other_runs_keep_their_ke
     assert [job["seed"] for job in own] == list(FLOOR_SEEDS) and all("init_perturbation" not in job for job in own)
 
 
+def test_the_first_update_pairs_are_each_arm_under_both_bases_then_soap_muon_at_larger_eps() -> None:
+    pairs = null_basis.first_update_pairs()
+    assert [(p["arm_a"], p["basis"]) for p in pairs[:2 * len(BASES)]] == \
+        [(base, basis) for base in BASES for basis in ("eigh", "coordinates")]
+    raised = pairs[2 * len(BASES):]
+    assert [p["eps"] for p in raised] == list(null_basis.FIRST_UPDATE_EPS)
+    for p in raised:
+        assert p["config_a"] == p["config_b"] and p["perturbed"]
+        assert p["config_a"]["options"] == {**ARMS[BASES[0]]["options"], "eps": p["eps"]}
+
+
 def _records(finals: dict[str, list[float]]) -> dict[str, dict[int, dict]]:
     return {group: {s: {"seed": s, "final_val": f, "evals": [(0, 3.0), (500, f + 0.1), (1000, f)]}
                     for s, f in zip(SEEDS, values)} for group, values in finals.items()}
