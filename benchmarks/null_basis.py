@@ -14,11 +14,13 @@ asks whether that makes SOAP's runs reproducible and whether it trains better or
   (benchmarks/soap_seeds.py holds seeds 3-5, the campaign seeds 0-2);
 - floor (reference regime): SOAP-Muon with either basis, and Muon as the control, at seeds 0-2 from initial weights
   moved by 1e-7, each paired with its own unperturbed runs, beside heavyball's SOAP's floor from soap_seeds; and
-  SOAP-Muon with the coordinate basis and `refresh=Eigh()`, whose every refresh takes that basis again (a QR
-  refresh of a still rank-deficient statistic orthonormalises rounding noise: tests/test_null_basis.py), with its
-  own unperturbed runs.
+  the FLOOR_VARIANTS of SOAP-Muon, each with its own unperturbed runs: the coordinate basis with `refresh=Eigh()`,
+  whose every refresh takes that basis again (a QR refresh of a still rank-deficient statistic orthonormalises
+  rounding noise: tests/test_null_basis.py), and the coordinate basis with eps 1e-5;
+- the first update of SOAP-Muon variants (FIRST_UPDATE_VARIANTS: a larger eps, eigh refreshes, float64
+  statistics), to find where its sensitivity to the weights comes from.
 
-    python -m benchmarks.null_basis              # 51 runs of 1-7 minutes on 2 workers (about 230 worker-minutes)
+    python -m benchmarks.null_basis              # 57 runs of 1-7 minutes on 2 workers (about 270 worker-minutes)
     python -m benchmarks.null_basis --report     # train nothing: the report of what the run caches hold
 
 New runs go to benchmarks/results/null_basis_runs.json. Writes null_basis.{md,json,png}.
@@ -57,10 +59,22 @@ FLOOR_BASE = "symo_soap_muon_gpt_muon"
 FLOOR_KEY = f"{COORDINATES[FLOOR_BASE]}_init_perturbed"
 EIGH_FLOOR_KEY = f"{FLOOR_BASE}_init_perturbed"  # the same optimizer with eigh's basis
 MUON_FLOOR_KEY = "muon_init_perturbed"  # the control: Muon, whose first update rounding does not decide
-# SOAP-Muon whose every refresh is an eigh that gives the null directions the coordinate basis again
-EIGH_REFRESH = f"{COORDINATES[FLOOR_BASE]}_eigh_refresh"
-EIGH_REFRESH_FLOOR_KEY = f"{EIGH_REFRESH}_init_perturbed"
-FIRST_UPDATE_EPS = (1e-6, 1e-5)  # SOAP-Muon's first updates with Adam's eps raised from 1e-8
+# SOAP-Muon's first updates with one thing changed more: where does its sensitivity to the weights come from?
+FIRST_UPDATE_VARIANTS: dict[str, dict[str, Any]] = {
+    "eps 1e-06 (SOAP's: 1e-8)": {"eps": 1e-6},
+    "eps 1e-05 (SOAP's: 1e-8)": {"eps": 1e-5},
+    "coordinate null basis, eps 1e-05": {"null_basis": "coordinates", "eps": 1e-5},
+    "coordinate null basis, eigh refreshes": {"null_basis": "coordinates", "refresh": Eigh()},
+    "coordinate null basis, eigh refreshes, float64 statistics": {"null_basis": "coordinates", "refresh": Eigh(),
+                                                                  "stats_dtype": "float64"},
+}
+# the variants whose floor is measured too, with their own unperturbed runs: name -> (variant, its runs' group).
+# eigh_refresh: every refresh an eigh that gives the null directions the coordinate basis again; coordinates_eps:
+# the coordinate basis with eps 1e-5, which damps the first update's sensitivity 8x where eigh's basis does not
+FLOOR_VARIANTS = {
+    "eigh_refresh": ("coordinate null basis, eigh refreshes", f"{COORDINATES[FLOOR_BASE]}_eigh_refresh"),
+    "coordinates_eps": ("coordinate null basis, eps 1e-05", f"{COORDINATES[FLOOR_BASE]}_eps1e-05"),
+}
 
 
 def coordinate_arm(base: str) -> dict[str, Any]:
@@ -68,13 +82,6 @@ def coordinate_arm(base: str) -> dict[str, Any]:
     arm = ARMS[base]
     return {**arm, "options": {**arm["options"], "null_basis": "coordinates"},
             "label": f"{arm['label']}, coordinate null basis"}
-
-
-def eigh_refresh_arm() -> dict[str, Any]:
-    """SOAP-Muon with the coordinate null basis and refresh=Eigh(): every refresh an eigh (Adam's second moment
-    kept by position) whose null directions take the coordinate basis."""
-    arm = coordinate_arm(FLOOR_BASE)
-    return {**arm, "options": {**arm["options"], "refresh": Eigh()}, "label": f"{arm['label']}, eigh refreshes"}
 
 
 def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
@@ -96,11 +103,12 @@ def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
         for seed in FLOOR_SEEDS:
             job = job_for(regime, setup, EIGH_FLOOR_KEY, lr, wd, seed)
             out.append(dict(job, group=EIGH_FLOOR_KEY, arm_config=ARMS[FLOOR_BASE], init_perturbation=PERTURBATION))
-        for key, perturbation in ((EIGH_REFRESH, 0.0), (EIGH_REFRESH_FLOOR_KEY, PERTURBATION)):
-            for seed in FLOOR_SEEDS:
-                job = job_for(regime, setup, key, lr, wd, seed)
-                out.append(dict(job, group=key, arm_config=eigh_refresh_arm(),
-                                **({"init_perturbation": perturbation} if perturbation else {})))
+        for variant, own in FLOOR_VARIANTS.values():
+            for key, perturbation in ((own, 0.0), (f"{own}_init_perturbed", PERTURBATION)):
+                for seed in FLOOR_SEEDS:
+                    job = job_for(regime, setup, key, lr, wd, seed)
+                    out.append(dict(job, group=key, arm_config=variant_arm(variant),
+                                    **({"init_perturbation": perturbation} if perturbation else {})))
         for seed in FLOOR_SEEDS:
             job = job_for(regime, setup, MUON_FLOOR_KEY, chosen["muon"]["lr"], chosen["muon"]["weight_decay"], seed)
             out.append(dict(job, group=MUON_FLOOR_KEY, arm_config=ARMS["muon"], init_perturbation=PERTURBATION))
@@ -119,23 +127,26 @@ def priority(job: dict) -> int:
     return order.index((job["regime"], job["group"])) if (job["regime"], job["group"]) in order else len(order)
 
 
-def eps_arm(eps: float) -> dict[str, Any]:
-    """SOAP-Muon (eigh's basis) with Adam's eps raised from SOAP's 1e-8."""
+def variant_arm(variant: str) -> dict[str, Any]:
+    """SOAP-Muon with the options of FIRST_UPDATE_VARIANTS[variant] changed."""
     arm = ARMS[FLOOR_BASE]
-    return {**arm, "options": {**arm["options"], "eps": eps}, "label": f"{arm['label']}, eps {eps:g}"}
+    return {**arm, "options": {**arm["options"], **FIRST_UPDATE_VARIANTS[variant]},
+            "label": f"{arm['label']}, {variant}"}
 
 
 def first_update_pairs() -> list[dict]:
     """Each base arm against itself from initial weights 1e-7 apart, with eigh's basis and with the coordinates';
-    then SOAP-Muon with eigh's basis at each of FIRST_UPDATE_EPS (does a larger eps damp what rounding moves?)."""
+    then SOAP-Muon in each of FIRST_UPDATE_VARIANTS (does a larger eps, an eigh refresh or float64 statistics
+    damp what a small change of the weights moves?)."""
     pairs = [{"pair": f"{ARMS[base]['label']}, {basis} null basis, against itself from initial weights 1e-7 apart",
               "arm_a": base, "arm_b": base, "perturbed": True, "basis": basis,
               **({"config_a": coordinate_arm(base), "config_b": coordinate_arm(base)} if basis == "coordinates"
                  else {})}
              for base in BASES for basis in ("eigh", "coordinates")]
-    return pairs + [{"pair": f"{eps_arm(eps)['label']}, against itself from initial weights 1e-7 apart",
-                     "arm_a": FLOOR_BASE, "arm_b": FLOOR_BASE, "perturbed": True, "basis": "eigh", "eps": eps,
-                     "config_a": eps_arm(eps), "config_b": eps_arm(eps)} for eps in FIRST_UPDATE_EPS]
+    return pairs + [{"pair": f"{variant_arm(v)['label']}, against itself from initial weights 1e-7 apart",
+                     "arm_a": FLOOR_BASE, "arm_b": FLOOR_BASE, "perturbed": True,
+                     "basis": FIRST_UPDATE_VARIANTS[v].get("null_basis", "eigh"), "variant": v,
+                     "config_a": variant_arm(v), "config_b": variant_arm(v)} for v in FIRST_UPDATE_VARIANTS]
 
 
 def arm_summary(runs: list[dict], muon: list[dict], heavyball: list[dict]) -> dict[str, Any]:
@@ -170,7 +181,8 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict], regi
     floors = {"coordinates": (runs(FLOOR_KEY, FLOOR_SEEDS), runs(COORDINATES[FLOOR_BASE], FLOOR_SEEDS)),
               "eigh": (runs(EIGH_FLOOR_KEY, FLOOR_SEEDS), runs(FLOOR_BASE, FLOOR_SEEDS)),
               "muon": (runs(MUON_FLOOR_KEY, FLOOR_SEEDS), runs("muon", FLOOR_SEEDS)),
-              "eigh_refresh": (runs(EIGH_REFRESH_FLOOR_KEY, FLOOR_SEEDS), runs(EIGH_REFRESH, FLOOR_SEEDS))}
+              **{name: (runs(f"{own}_init_perturbed", FLOOR_SEEDS), runs(own, FLOOR_SEEDS))
+                 for name, (_variant, own) in FLOOR_VARIANTS.items()}}
     if regime == FLOOR_REGIME and all(p is not None and o is not None for p, o in floors.values()):
         seeds_report = json.loads((RESULTS / "soap_seeds.json").read_text())["regimes"][regime]["floor"]
         out["floor"] = {"perturbation": PERTURBATION, "seeds": list(FLOOR_SEEDS),
@@ -180,14 +192,15 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict], regi
             out["floor"][f"{name}_perturbed_minus_own"] = [p["final_val"] - o["final_val"] for p, o in zip(pert, own)]
             out["floor"][f"{name}_perturbed_diff_ci95"] = list(paired_diff_ci95([p["final_val"] for p in pert],
                                                                                 [o["final_val"] for o in own]))
-        for name in ("coordinates", "eigh", "heavyball_soap", "muon", "eigh_refresh"):
+        for name in ("coordinates", "eigh", "heavyball_soap", "muon", *FLOOR_VARIANTS):
             diffs = out["floor"][f"{name}_perturbed_minus_own"]
             out["floor"][f"{name}_rms_difference"] = math.sqrt(sum(d * d for d in diffs) / len(diffs))
-        own, eigh = floors["eigh_refresh"][1], floors["eigh"][1]
-        out["floor"]["eigh_refresh_final_val_mean"] = mean_std([r["final_val"] for r in own])[0]
-        out["floor"]["eigh_final_val_mean"] = mean_std([r["final_val"] for r in eigh])[0]
-        out["floor"]["eigh_refresh_minus_eigh_ci95"] = list(paired_diff_ci95([r["final_val"] for r in own],
-                                                                             [r["final_val"] for r in eigh]))
+        eigh = [r["final_val"] for r in floors["eigh"][1]]
+        out["floor"]["eigh_final_val_mean"] = mean_std(eigh)[0]
+        for name in FLOOR_VARIANTS:  # the variant's own runs against SOAP-Muon's defaults
+            own = [r["final_val"] for r in floors[name][1]]
+            out["floor"][f"{name}_final_val_mean"] = mean_std(own)[0]
+            out["floor"][f"{name}_minus_eigh_ci95"] = list(paired_diff_ci95(own, eigh))
     return out
 
 
@@ -221,12 +234,14 @@ def markdown(summaries: dict[str, dict[str, Any]], first: list[dict], n_runs: in
         "| arm | null basis | after the first update (2 steps) | after 6 steps |",
         "|---|---|---|---|",
     ]
-    by_key = {(r["arm_a"], r.get("basis", "eigh"), r.get("eps"), r["steps"]): r["relative_difference"]
+    by_key = {(r["arm_a"], r.get("basis", "eigh"), r.get("variant"), r["steps"]): r["relative_difference"]
               for r in first}
     rows = [(base, basis, None) for base in BASES for basis in ("eigh", "coordinates")]
-    for base, basis, eps in rows + [(FLOOR_BASE, "eigh", eps) for eps in FIRST_UPDATE_EPS]:
-        cells = [f"{by_key[(base, basis, eps, n)]:.2e}" if (base, basis, eps, n) in by_key else "-" for n in (2, 6)]
-        label = ARMS[base]["label"] + ("" if eps is None else f", eps {eps:g} (SOAP's: 1e-8)")
+    variants = [(FLOOR_BASE, FIRST_UPDATE_VARIANTS[v].get("null_basis", "eigh"), v) for v in FIRST_UPDATE_VARIANTS]
+    for base, basis, variant in rows + variants:
+        cells = [f"{by_key[(base, basis, variant, n)]:.2e}" if (base, basis, variant, n) in by_key else "-"
+                 for n in (2, 6)]
+        label = ARMS[base]["label"] + ("" if variant is None else f", {variant}")
         lines.append(f"| {label} | {basis} | {' | '.join(cells)} |")
     for regime, summary in summaries.items():
         lines += ["", f"## {regime}", "",
@@ -252,14 +267,16 @@ def markdown(summaries: dict[str, dict[str, Any]], first: list[dict], n_runs: in
                         f"{floor[f'{name}_rms_difference']:.4f} | {interval(floor[f'{name}_perturbed_diff_ci95'])} |"
                         for name, label in (("coordinates", f"{ARMS[FLOOR_BASE]['label']}, coordinate null basis"),
                                             ("eigh", f"{ARMS[FLOOR_BASE]['label']}, eigh's basis"),
-                                            ("eigh_refresh", f"{ARMS[FLOOR_BASE]['label']}, coordinate null "
-                                                             "basis, eigh refreshes"),
+                                            *[(name, variant_arm(variant)["label"])
+                                              for name, (variant, _own) in FLOOR_VARIANTS.items()],
                                             ("heavyball_soap", "SOAP (heavyball), eigh's basis"),
                                             ("muon", "Muon"))],
-                      "", f"With eigh refreshes and the coordinate basis SOAP-Muon's own runs (seeds "
-                      f"{', '.join(map(str, floor['seeds']))}) end at {floor['eigh_refresh_final_val_mean']:.4f}, "
-                      f"against {floor['eigh_final_val_mean']:.4f} with its defaults (QR refreshes, eigh's basis): "
-                      f"paired 95% {interval(floor['eigh_refresh_minus_eigh_ci95'])}."]
+                      "", f"The variants' own runs (seeds {', '.join(map(str, floor['seeds']))}) against SOAP-Muon's "
+                      f"defaults (QR refreshes, eigh's basis, eps 1e-8; {floor['eigh_final_val_mean']:.4f}):", "",
+                      "| variant | final val | paired 95% against the defaults |", "|---|---|---|",
+                      *[f"| {variant} | {floor[f'{name}_final_val_mean']:.4f} | "
+                        f"{interval(floor[f'{name}_minus_eigh_ci95'])} |"
+                        for name, (variant, _own) in FLOOR_VARIANTS.items()]]
     return "\n".join(lines + [""])
 
 

@@ -13,16 +13,15 @@ from benchmarks.null_basis import (
     BASES,
     COORDINATES,
     EIGH_FLOOR_KEY,
-    EIGH_REFRESH,
-    EIGH_REFRESH_FLOOR_KEY,
     FLOOR_KEY,
     FLOOR_SEEDS,
+    FLOOR_VARIANTS,
     MUON_FLOOR_KEY,
     SEEDS,
     coordinate_arm,
-    eigh_refresh_arm,
     jobs,
     summarize,
+    variant_arm,
 )
 
 ARMS_READ = ("muon", "soap", *BASES)
@@ -35,7 +34,8 @@ def test_each_coordinate_arm_changes_one_option_and_the_other_runs_keep_their_ke
         assert arm["options"] == {**ARMS[base]["options"], "null_basis": "coordinates"}
         assert "null_basis" not in ARMS[base]["options"]
     planned = jobs(CHOSEN, "reference")
-    assert len(planned) == len(BASES) * len(SEEDS) * 2 + 5 * len(FLOOR_SEEDS) + 2 * len(SEEDS)
+    assert len(planned) == (len(BASES) * len(SEEDS) * 2 + (3 + 2 * len(FLOOR_VARIANTS)) * len(FLOOR_SEEDS)
+                            + 2 * len(SEEDS))
     assert len({job["key"] for job in planned}) == len(planned)
     setup = REGIMES["reference"]
     for arm in ARMS_READ:  # the campaign's and soap_seeds' own keys, so that their runs are read, not retrained
@@ -47,28 +47,35 @@ def test_each_coordinate_arm_changes_one_option_and_the_other_runs_keep_their_ke
         assert [job["lr"] for job in mine] == [CHOSEN[base]["lr"]] * len(SEEDS)
         assert all(job["arm_config"]["options"]["null_basis"] == "coordinates" for job in mine)
     for key, arm in ((FLOOR_KEY, coordinate_arm(BASES[0])), (EIGH_FLOOR_KEY, ARMS[BASES[0]]),
-                     (MUON_FLOOR_KEY, ARMS["muon"]), (EIGH_REFRESH_FLOOR_KEY, eigh_refresh_arm())):
+                     (MUON_FLOOR_KEY, ARMS["muon"]),
+                     *[(f"{own}_init_perturbed", variant_arm(v)) for v, own in FLOOR_VARIANTS.values()]):
         floor = [job for job in planned if job["group"] == key]
         assert [job["seed"] for job in floor] == list(FLOOR_SEEDS)
         assert all(job["init_perturbation"] == null_basis.PERTURBATION and job["arm_config"] == arm for job in floor)
         assert not [job for job in jobs(CHOSEN, "data_rich") if job["group"] == key]
-    # the eigh-refresh arm: two options changed from SOAP-Muon's, and its own unperturbed runs to pair with
-    assert eigh_refresh_arm()["options"] == {**coordinate_arm(BASES[0])["options"],
-                                             "refresh": eigh_refresh_arm()["options"]["refresh"]}
-    assert type(eigh_refresh_arm()["options"]["refresh"]).__name__ == "Eigh"
-    own = [job for job in planned if job["group"] == EIGH_REFRESH]
-    assert [job["seed"] for job in own] == list(FLOOR_SEEDS) and all("init_perturbation" not in job for job in own)
+    # each floor variant: SOAP-Muon with the coordinate basis and one more option, and its own unperturbed runs
+    refresh, eps = (variant_arm(v)["options"] for v, _own in FLOOR_VARIANTS.values())
+    assert type(refresh.pop("refresh")).__name__ == "Eigh" and eps.pop("eps") == 1e-5
+    assert refresh == eps == coordinate_arm(BASES[0])["options"]
+    # the eigh-refresh runs keep the keys they were trained under
+    assert FLOOR_VARIANTS["eigh_refresh"][1] == "symo_soap_muon_gpt_muon_null_coordinates_eigh_refresh"
+    for _variant, group in FLOOR_VARIANTS.values():
+        own = [job for job in planned if job["group"] == group]
+        assert [job["seed"] for job in own] == list(FLOOR_SEEDS)
+        assert all("init_perturbation" not in job for job in own)
 
 
-def test_the_first_update_pairs_are_each_arm_under_both_bases_then_soap_muon_at_larger_eps() -> None:
+def test_the_first_update_pairs_are_each_arm_under_both_bases_then_soap_muon_variants() -> None:
     pairs = null_basis.first_update_pairs()
     assert [(p["arm_a"], p["basis"]) for p in pairs[:2 * len(BASES)]] == \
         [(base, basis) for base in BASES for basis in ("eigh", "coordinates")]
-    raised = pairs[2 * len(BASES):]
-    assert [p["eps"] for p in raised] == list(null_basis.FIRST_UPDATE_EPS)
-    for p in raised:
+    variants = pairs[2 * len(BASES):]
+    assert [p["variant"] for p in variants] == list(null_basis.FIRST_UPDATE_VARIANTS)
+    for p in variants:
+        changed = null_basis.FIRST_UPDATE_VARIANTS[p["variant"]]
         assert p["config_a"] == p["config_b"] and p["perturbed"]
-        assert p["config_a"]["options"] == {**ARMS[BASES[0]]["options"], "eps": p["eps"]}
+        assert p["config_a"]["options"] == {**ARMS[BASES[0]]["options"], **changed}
+        assert p["basis"] == changed.get("null_basis", "eigh")
 
 
 def _records(finals: dict[str, list[float]]) -> dict[str, dict[int, dict]]:
@@ -118,8 +125,9 @@ def test_the_report_names_every_arm_and_basis() -> None:
 def test_the_floor_pairs_each_perturbed_run_with_its_own_unperturbed_run() -> None:
     finals = {"muon": [1.55, 1.54, 1.56, 1.55, 1.545, 1.555], "soap": [1.52] * 6,
               MUON_FLOOR_KEY: [1.552, 1.541, 1.559], FLOOR_KEY: [1.52, 1.515, 1.53],
-              EIGH_FLOOR_KEY: [1.53, 1.54, 1.52], EIGH_REFRESH: [1.525, 1.52, 1.535],
-              EIGH_REFRESH_FLOOR_KEY: [1.526, 1.52, 1.53]}
+              EIGH_FLOOR_KEY: [1.53, 1.54, 1.52]}
+    for _variant, own in FLOOR_VARIANTS.values():
+        finals[own], finals[f"{own}_init_perturbed"] = [1.525, 1.52, 1.535], [1.526, 1.52, 1.53]
     for base in BASES:
         finals[base] = [1.53] * 6
         finals[COORDINATES[base]] = [1.51, 1.525, 1.52, 1.515, 1.53, 1.52]
@@ -131,8 +139,9 @@ def test_the_floor_pairs_each_perturbed_run_with_its_own_unperturbed_run() -> No
     assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["coordinates_perturbed_minus_own"], coords))
     assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["eigh_perturbed_minus_own"], [0, 0.01, -0.01]))
     refresh = [1.526 - 1.525, 0.0, 1.53 - 1.535]
-    assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor["eigh_refresh_perturbed_minus_own"], refresh))
-    assert math.isclose(floor["eigh_refresh_final_val_mean"], statistics.mean([1.525, 1.52, 1.535]))
+    for name in FLOOR_VARIANTS:
+        assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(floor[f"{name}_perturbed_minus_own"], refresh))
+        assert math.isclose(floor[f"{name}_final_val_mean"], statistics.mean([1.525, 1.52, 1.535]))
     expected = [a - b for a, b in zip([1.525, 1.52, 1.535], [1.53] * 3)]
     half = 4.302652729911275 * statistics.stdev(expected) / math.sqrt(3)  # t(0.975, 2)
     assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in
@@ -140,4 +149,6 @@ def test_the_floor_pairs_each_perturbed_run_with_its_own_unperturbed_run() -> No
                                                             statistics.mean(expected) + half]))
     assert floor["heavyball_soap_perturbed_minus_own"]  # soap_seeds' measured floor, read from its report
     md = null_basis.markdown({"reference": {"arms": {}, "floor": floor}}, [], 3)
-    assert "| Muon |" in md and "eigh refreshes |" in md
+    assert "| Muon |" in md
+    for variant, _own in FLOOR_VARIANTS.values():  # a floor row, and a row against the defaults
+        assert f"| {variant_arm(variant)['label']} | +0.0010, " in md and f"| {variant} | 1.5267 | " in md
