@@ -9,11 +9,11 @@ run, and the bytes held in optimizer-state tensors.
     python -m benchmarks.step_overhead --steps 20 --no-compile --device cuda
     python -m benchmarks.step_overhead --only soap --out benchmarks/results/step_overhead_soap.md   # SOAP rows
 
-Optimizers: torch AdamW (all parameters); the reference Muon (tests/references.py, the published
-algorithm) on the hidden matrices + torch AdamW on the rest; Symo with specs/gpt_muon.toml (Muon-style,
-eager and torch.compile'd); Symo with specs/gpt.toml (per-head gauges); the reference Shampoo (float64
-eigh every step, as published) on the hidden matrices + AdamW; SOAP from Symo's preset, pytorch-optimizer and
-heavyball. The table goes to stdout and to benchmarks/results/step_overhead.md.
+Optimizers: torch AdamW (all parameters); the reference Muon (tests/references.py, the published algorithm) on the
+hidden matrices + torch AdamW on the rest; Symo with specs/gpt_muon.toml (Muon-style, eager and torch.compile'd);
+Symo with specs/gpt.toml (per-head gauges); the reference Shampoo (float64 eigh every step, as published) on the
+hidden matrices + AdamW; SOAP from Symo's preset, pytorch-optimizer and heavyball; SOAP-Muon (Symo's soap_muon,
+symo train's default step). The table goes to stdout and to benchmarks/results/step_overhead.md.
 """
 
 from __future__ import annotations
@@ -147,6 +147,9 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
         makers[f"Symo soap, refresh {freq} (gpt_muon.toml)"] = (
             lambda m, freq=freq: Symo(m.named_parameters(), ROOT / "specs" / "gpt_muon.toml", preset="soap",
                                       precondition_frequency=freq))
+    # SOAP-Muon, symo train's default step: the polar factor of SOAP's direction, refreshed every 10 steps
+    makers["Symo soap_muon, refresh 10 (gpt_muon.toml)"] = lambda m: Symo(
+        m.named_parameters(), ROOT / "specs" / "gpt_muon.toml", preset="soap_muon")
     makers["SOAP (pytorch-optimizer), refresh 10 + AdamW"] = lambda m: Combo(
         library_soap("pytorch_optimizer", split(m)[0]), torch.optim.AdamW(split(m)[1], **adam_kw))
     makers["SOAP (heavyball), refresh 2 + AdamW"] = lambda m: Combo(
