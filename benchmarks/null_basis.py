@@ -77,11 +77,15 @@ FLOOR_VARIANTS = {
 }
 
 
+def changed_arm(base: str, changes: dict[str, Any], what: str) -> dict[str, Any]:
+    """The campaign arm `base` with the options `changes` changed and nothing else, its label ending in `what`."""
+    arm = ARMS[base]
+    return {**arm, "options": {**arm["options"], **changes}, "label": f"{arm['label']}, {what}"}
+
+
 def coordinate_arm(base: str) -> dict[str, Any]:
     """The campaign arm `base` with null_basis="coordinates" and nothing else changed."""
-    arm = ARMS[base]
-    return {**arm, "options": {**arm["options"], "null_basis": "coordinates"},
-            "label": f"{arm['label']}, coordinate null basis"}
+    return changed_arm(base, {"null_basis": "coordinates"}, "coordinate null basis")
 
 
 def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
@@ -95,23 +99,17 @@ def jobs(chosen: dict[str, dict], regime: str) -> list[dict]:
             job = job_for(regime, setup, COORDINATES[base], lr, wd, seed)
             out.append(dict(job, group=COORDINATES[base], arm_config=coordinate_arm(base)))
     if regime == FLOOR_REGIME:
-        lr, wd = chosen[FLOOR_BASE]["lr"], chosen[FLOOR_BASE]["weight_decay"]
-        for seed in FLOOR_SEEDS:
-            job = job_for(regime, setup, FLOOR_KEY, lr, wd, seed)
-            out.append(dict(job, group=FLOOR_KEY, arm_config=coordinate_arm(FLOOR_BASE),
-                            init_perturbation=PERTURBATION))
-        for seed in FLOOR_SEEDS:
-            job = job_for(regime, setup, EIGH_FLOOR_KEY, lr, wd, seed)
-            out.append(dict(job, group=EIGH_FLOOR_KEY, arm_config=ARMS[FLOOR_BASE], init_perturbation=PERTURBATION))
-        for variant, own in FLOOR_VARIANTS.values():
-            for key, perturbation in ((own, 0.0), (f"{own}_init_perturbed", PERTURBATION)):
-                for seed in FLOOR_SEEDS:
-                    job = job_for(regime, setup, key, lr, wd, seed)
-                    out.append(dict(job, group=key, arm_config=variant_arm(variant),
-                                    **({"init_perturbation": perturbation} if perturbation else {})))
-        for seed in FLOOR_SEEDS:
-            job = job_for(regime, setup, MUON_FLOOR_KEY, chosen["muon"]["lr"], chosen["muon"]["weight_decay"], seed)
-            out.append(dict(job, group=MUON_FLOOR_KEY, arm_config=ARMS["muon"], init_perturbation=PERTURBATION))
+        # (group, the arm its rate and decay are tuned for, its config, initial weights perturbed)
+        floor_runs = [(FLOOR_KEY, FLOOR_BASE, coordinate_arm(FLOOR_BASE), True),
+                      (EIGH_FLOOR_KEY, FLOOR_BASE, ARMS[FLOOR_BASE], True),
+                      *[(key, FLOOR_BASE, variant_arm(variant), key != own)
+                        for variant, own in FLOOR_VARIANTS.values() for key in (own, f"{own}_init_perturbed")],
+                      (MUON_FLOOR_KEY, "muon", ARMS["muon"], True)]
+        for group, tuned_as, config, perturbed in floor_runs:
+            lr, wd = chosen[tuned_as]["lr"], chosen[tuned_as]["weight_decay"]
+            for seed in FLOOR_SEEDS:
+                out.append(dict(job_for(regime, setup, group, lr, wd, seed), group=group, arm_config=config,
+                                **({"init_perturbation": PERTURBATION} if perturbed else {})))
     for arm in ("muon", "soap", *BASES):
         lr, wd = chosen[arm]["lr"], chosen[arm]["weight_decay"]
         out += [dict(job_for(regime, setup, arm, lr, wd, seed), group=arm) for seed in SEEDS]
@@ -129,9 +127,7 @@ def priority(job: dict) -> int:
 
 def variant_arm(variant: str) -> dict[str, Any]:
     """SOAP-Muon with the options of FIRST_UPDATE_VARIANTS[variant] changed."""
-    arm = ARMS[FLOOR_BASE]
-    return {**arm, "options": {**arm["options"], **FIRST_UPDATE_VARIANTS[variant]},
-            "label": f"{arm['label']}, {variant}"}
+    return changed_arm(FLOOR_BASE, FIRST_UPDATE_VARIANTS[variant], variant)
 
 
 def first_update_pairs() -> list[dict]:
