@@ -1,5 +1,6 @@
 """benchmarks/soap_gap.py, without training: which runs it reuses from the campaign's cache, that each variant
-changes one option of the soap preset, and its table's paired intervals against a hand-computed Student t."""
+changes what its label says of its study's base, and its table's paired intervals against a hand-computed
+Student t."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import statistics
 import pytest
 
 from benchmarks.harness import RunCache
-from benchmarks.soap_gap import SEEDS, VARIANTS, jobs, summarize
+from benchmarks.soap_gap import SEEDS, STUDIES, jobs, summarize
+
+SOAP = STUDIES["soap"]
 
 
 def test_campaign_runs_are_reused_and_the_others_carry_their_own_configuration(tmp_path) -> None:
     campaign = RunCache(tmp_path / "campaign.json")
     planned = jobs(campaign)  # an empty campaign: every run is new, each with its variant's options
-    assert len(planned) == len(VARIANTS) * len(SEEDS)
-    assert all(job["arm_config"]["options"] == VARIANTS[job["variant"]][2] for job in planned)
+    assert len(planned) == sum(len(study.variants) for study in STUDIES.values()) * len(SEEDS)
+    assert all(job["arm_config"]["options"] == STUDIES[job["study"]].variants[job["variant"]][2] for job in planned)
+    assert {(job["lr"], job["wd"]) for job in planned if job["study"] == "soap_muon"} == {(0.02, 0.1)}
     reused = next(job for job in planned if job["variant"] == "soap" and job["seed"] == 0)
     campaign_key = reused["key"].replace("soap_gap_soap", "symo_soap_gpt_muon")
     campaign.put(campaign_key, {"final_val": 1.5})
@@ -30,10 +34,26 @@ def test_each_variant_changes_the_soap_preset_where_it_says() -> None:
 
     soap = get_preset("soap").values
     changed = {variant: {k for k, v in options.items() if k != "preset" and soap[k] != v}
-               for variant, (_, _, options) in VARIANTS.items() if options["preset"] == "soap"}
+               for variant, (_, _, options) in SOAP.variants.items() if options["preset"] == "soap"}
     assert changed == {"soap": set(), "soap_beta1_0.9": {"beta1"}, "soap_refresh_2": {"precondition_frequency"},
                        "soap_both_defaults": {"beta1", "precondition_frequency"}}
-    assert VARIANTS["soap_heavyball"][2] == {"preset": "soap_heavyball"}
+    assert SOAP.variants["soap_heavyball"][2] == {"preset": "soap_heavyball"}
+
+
+def test_each_soap_muon_variant_lengthens_the_averages_its_label_names() -> None:
+    from benchmarks.nanogpt_matrix_runs import ARMS
+    from symo.optim.presets import get_preset
+
+    study = STUDIES["soap_muon"]
+    base_label, arm, base = study.variants[study.base]
+    assert ARMS[arm]["options"] == base and (study.lr, study.wd) == (0.02, 0.1)
+    preset = get_preset("soap_muon").values
+    assert preset["beta2"] == 0.95 and "adam_beta2" not in base  # the kind's default, SOAP's 0.95
+    changed = {variant: {k: v for k, v in options.items() if base.get(k) != v}
+               for variant, (_, _, options) in study.variants.items()}
+    assert changed == {"soap_muon": {}, "soap_muon_adam_beta2_0.99": {"adam_beta2": 0.99},
+                       "soap_muon_beta2_0.99": {"beta2": 0.99},
+                       "soap_muon_both_0.99": {"adam_beta2": 0.99, "beta2": 0.99}}
 
 
 def _runs(finals: list[float], curve_shift: float) -> list[dict]:
@@ -43,12 +63,12 @@ def _runs(finals: list[float], curve_shift: float) -> list[dict]:
 
 def test_the_table_pairs_each_variant_with_soap_seed_by_seed() -> None:
     soap, faster = [1.55, 1.54, 1.56], [1.53, 1.535, 1.54]
-    records = {v: [] for v in VARIANTS}
+    records = {v: [] for v in SOAP.variants}
     records["soap"], records["soap_refresh_2"] = _runs(soap, 0.0), _runs(faster, -0.1)
-    data, table = summarize(records, muon_final=1.547, muon_steps=1000)
+    data, table = summarize(SOAP, records, muon_final=1.547, muon_steps=1000)
     d = [a - b for a, b in zip(faster, soap)]
     half = 4.302652729911275 * statistics.stdev(d) / math.sqrt(3)  # Student t(0.975, 2 degrees of freedom)
-    assert data["soap_refresh_2"]["diff_to_soap_ci95"] == pytest.approx([statistics.mean(d) - half,
+    assert data["soap_refresh_2"]["diff_to_base_ci95"] == pytest.approx([statistics.mean(d) - half,
                                                                          statistics.mean(d) + half])
     assert data["soap_refresh_2"]["steps_to_muon_final"] == 500  # the seed-mean curve is at 1.5 by step 500
     assert data["soap_refresh_2"]["steps_to_muon_final_ratio"] == 0.5 and "| 500 (0.50x) |" in table
