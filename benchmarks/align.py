@@ -39,176 +39,42 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
-import gzip
-import itertools
-import json
-import math
-import platform
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import symo
-from symo.alignment import AlignError, BarrierResult, barrier
-from symo.alignment.matching import (
-    best_values,
-    head_pair_terms,
-    inner_products,
-    moving_per_spaces,
-    solve_heads,
-    weight_matching,
+from benchmarks.align_heads import ALPHAS, heads_as, heads_moved, heads_note
+from benchmarks.align_models import (
+    MHAClassifier,
+    ResCNN,
+    classify,
+    drift,
+    initial_model,
+    load_fashion,
+    train_classifier,
 )
+from benchmarks.align_report import CACHE, CASES, RESULTS, write
+from symo.alignment import AlignError, BarrierResult, barrier
 from symo.train import TrainConfig, train
 from symo.train.data import load_corpus
 from symo.train.data_mnist import load_mnist
 from symo.train.models import GPT, MLP, GPTConfig
 
-RESULTS = Path(__file__).resolve().parent / "results"
-CACHE = RESULTS / "align_cache"
-FASHION = Path("/usr/share/datasets/fashion-mnist")
-ALPHAS = 11
-CASES = ["mnist_mlp", "fashion_rescnn", "gpt", "gpt_adamw", "mha", "gpt2_speed"]
 # random starts of weight matching on the transformer rows, besides the identity and solo starts: their
 # residual streams have many local optima, and 128 starts reach higher objectives than 0, 16 or 64 on both pairs
 RESTARTS = 128
 SEARCH = f"weight matching from the identity, solo and {RESTARTS} random starts (seed 0), the best objective kept"
 
 
-# ---------------------------------------------------------------- data and models
-def load_fashion() -> tuple[torch.Tensor, ...] | None:
-    """Fashion-MNIST from the Debian package dataset-fashion-mnist (apt-get install dataset-fashion-mnist)."""
-    files = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
-             "t10k-labels-idx1-ubyte.gz"]
-    if not all((FASHION / f).is_file() for f in files):
-        return None
-    out = []
-    for f in files:
-        raw = np.frombuffer(gzip.open(FASHION / f).read(), dtype=np.uint8)
-        images = "images" in f
-        data = raw[16:].reshape(-1, 784).astype(np.float32) / 255 if images else raw[8:].astype(np.int64)
-        out.append(torch.from_numpy(data.copy()))
-    return tuple(out)
-
-
-class ResCNN(nn.Module):
-    """conv(stride 2) -> BN -> ReLU, a residual block at width w (14 x 14), a downsampling residual block
-    at 2w (7 x 7) with a 1x1 shortcut, average pool, linear: ResNet's structure at CPU size."""
-
-    def __init__(self, w: int = 16, classes: int = 10) -> None:
-        super().__init__()
-        conv = lambda a, b, s=1: nn.Conv2d(a, b, 3, stride=s, padding=1, bias=False)  # noqa: E731
-        self.conv1, self.bn1 = conv(1, w, 2), nn.BatchNorm2d(w)
-        self.b1c1, self.b1n1, self.b1c2, self.b1n2 = conv(w, w), nn.BatchNorm2d(w), conv(w, w), nn.BatchNorm2d(w)
-        self.b2c1, self.b2n1 = conv(w, 2 * w, 2), nn.BatchNorm2d(2 * w)
-        self.b2c2, self.b2n2 = conv(2 * w, 2 * w), nn.BatchNorm2d(2 * w)
-        self.short, self.shortn = nn.Conv2d(w, 2 * w, 1, stride=2, bias=False), nn.BatchNorm2d(2 * w)
-        self.fc = nn.Linear(2 * w, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.bn1(self.conv1(x.view(-1, 1, 28, 28))))
-        x = F.relu(x + self.b1n2(self.b1c2(F.relu(self.b1n1(self.b1c1(x))))))
-        x = F.relu(self.shortn(self.short(x)) + self.b2n2(self.b2c2(F.relu(self.b2n1(self.b2c1(x))))))
-        return self.fc(x.mean((2, 3)))
-
-    def example_inputs(self) -> tuple[torch.Tensor]:
-        return (torch.randn(4, 784, generator=torch.Generator().manual_seed(0)),)
-
-
-class MHAClassifier(nn.Module):
-    """A small attention classifier on MNIST rows as a sequence: a linear embedding of each 28-pixel row plus
-    a learnt position, `blocks` pre-LayerNorm blocks (nn.MultiheadAttention, then a ReLU MLP), a final
-    LayerNorm, mean pooling over the rows, a linear head."""
-
-    def __init__(self, d: int = 64, heads: int = 4, blocks: int = 2, hidden: int = 128, classes: int = 10) -> None:
-        super().__init__()
-        self.embed = nn.Linear(28, d)
-        self.pos = nn.Parameter(0.02 * torch.randn(28, d))
-        self.attn = nn.ModuleList(nn.MultiheadAttention(d, heads, batch_first=True) for _ in range(blocks))
-        self.norm1 = nn.ModuleList(nn.LayerNorm(d) for _ in range(blocks))
-        self.norm2 = nn.ModuleList(nn.LayerNorm(d) for _ in range(blocks))
-        self.fc1 = nn.ModuleList(nn.Linear(d, hidden) for _ in range(blocks))
-        self.fc2 = nn.ModuleList(nn.Linear(hidden, d) for _ in range(blocks))
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x.view(-1, 28, 28)) + self.pos
-        for attn, n1, n2, f1, f2 in zip(self.attn, self.norm1, self.norm2, self.fc1, self.fc2):
-            z = n1(h)
-            h = h + attn(z, z, z, need_weights=False)[0]
-            h = h + f2(F.relu(f1(n2(h))))
-        return self.head(self.norm(h).mean(1))
-
-    def example_inputs(self) -> tuple[torch.Tensor]:
-        return (torch.randn(4, 784, generator=torch.Generator().manual_seed(0)),)
-
-
-def heads_as(spec: symo.Spec, group: str) -> symo.Spec:
-    """`spec` with every head owner (a space some `per` space names) declared `group`: "identity" keeps each
-    head in its slot (rotated within it), "perm" permutes heads as wholes, each with its own rotations."""
-    owners = {d.per for d in spec.spaces if d.per}
-    spaces = tuple(dataclasses.replace(d, group=group) if d.name in owners else d for d in spec.spaces)
-    return symo.Spec(name=f"{spec.name}, heads {group}", spaces=spaces, params=spec.params, source=spec.source)
-
-
-def heads_moved(result) -> tuple[int, int]:
-    """How many heads the element found moves to another slot, of how many (0 for identity owners)."""
-    owners = {s.per for s in result.spaces if s.per}
-    moved = total = 0
-    for name in owners:
-        perm = result.elements.get(name)
-        size = result.compiled.spaces[name]["size"]
-        total += size
-        if perm is not None and result.compiled.spaces[name]["group"] == "perm":
-            moved += int((torch.as_tensor(perm) != torch.arange(size)).sum())
-    return moved, total
-
-
-def train_classifier(make, x: torch.Tensor, y: torch.Tensor, seed: int, epochs: int, batch: int, lr: float,
-                     path: Path) -> nn.Module:
-    """Adam, shuffled minibatches (seeded); cached at `path`."""
-    torch.manual_seed(seed)
-    model = make()
-    if path.is_file():
-        model.load_state_dict(torch.load(path, weights_only=True))
-        return model.eval()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(epochs):
-        for idx in torch.randperm(len(x), generator=gen).split(batch):
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), path)
-    return model.eval()
-
-
-def classify(model: nn.Module, batch) -> dict[str, torch.Tensor]:
-    logits = model(batch[0])
-    return {"loss": F.cross_entropy(logits, batch[1]), "acc": (logits.argmax(-1) == batch[1]).double().mean()}
-
-
+# ---------------------------------------------------------------- helpers of the cases
 def row(path: BarrierResult, seconds: float | None, acc: bool = True) -> dict:
     return {"barrier_loss": path.barrier("loss"), "barrier_acc": path.barrier("acc") if acc else None,
             "midpoint_loss": path.midpoint("loss"), "align_seconds": seconds,
             "midpoint_acc": path.midpoint("acc") if acc else None,
             "end_losses": [path.values["loss"][0], path.values["loss"][-1]], "alphas": path.alphas,
             "losses": path.values["loss"], "accs": path.values.get("acc")}
-
-
-def drift(model: nn.Module, init: nn.Module) -> float:
-    """|W - W_init| / |W_init| over the weight matrices: how far training moved them from the random init."""
-    pairs = [(p, q) for p, q in zip(model.parameters(), init.parameters()) if p.dim() >= 2]
-    moved = sum(float((p.detach() - q.detach()).double().pow(2).sum()) for p, q in pairs)
-    return (moved / sum(float(q.detach().double().pow(2).sum()) for _, q in pairs)) ** 0.5
 
 
 def matched_correlation(a: nn.Module, b: nn.Module, result, data: list, units: dict[str, str]) -> float:
@@ -254,7 +120,7 @@ def case_mnist(quick: bool) -> tuple[dict, str]:
     out["activations"] = row(barrier(a, act.model, classify, test, ALPHAS), ta)
     out["weights+repair"] = row(barrier(a, w.model, classify, test, ALPHAS, repair_data=fit, repair_mode="repair"), tw)
     note = rebasin_row(a, b, x[:1000], test, out)
-    inits = [_init(make, s) for s in (0, 1)]
+    inits = [initial_model(make, s) for s in (0, 1)]
     units = {"fc1": "fc2", "fc2": "fc3", "fc3": "fc4"}
     corr = {m: matched_correlation(a, b, r, fit, units) for m, r in (("weights", w), ("activations", act))}
     return out, (f"{epochs} epochs of Adam (lr 1e-3, batch 512) per model; spec inferred: {_spaces(w)}. {note} "
@@ -303,7 +169,7 @@ def case_fashion(quick: bool) -> tuple[dict, str]:
     act, ta = timed_align(a, b, method="activations", data=fit)
     out["activations+reset"] = row(barrier(a, act.model, classify, test, ALPHAS, repair_data=fit,
                                            repair_mode="reset"), ta)
-    inits = [_init(ResCNN, s) for s in (0, 1)]
+    inits = [initial_model(ResCNN, s) for s in (0, 1)]
     return out, (f"{source}; test loss on the first 5,000 test images, statistics (reset, REPAIR) on 2,000 "
                  f"training images; ResCNN width 16/32 ({sum(p.numel() for p in a.parameters()):,} parameters), "
                  f"{epochs} epochs of Adam (lr 2e-3, batch 128) per model; spec inferred: {_spaces(w)}. "
@@ -414,134 +280,6 @@ def summary(out: dict, results: dict) -> str:
             + (" REPAIR not applied: " + "; ".join(skipped) + "." if skipped else ""))
 
 
-def moved_model(model: nn.Module, compiled, elements: dict) -> nn.Module:
-    """A copy of `model` moved by `elements` ({space: (copies, n, n)}) with the compiled spec's group action."""
-    params = dict(model.named_parameters())
-    moved = compiled.act(elements, {n: params[n].detach() for n in compiled.param_names})
-    out = copy.deepcopy(model)
-    with torch.no_grad():
-        for n, p in out.named_parameters():
-            if n in moved:
-                p.copy_(moved[n])
-    return out
-
-
-def pairing(q: torch.Tensor) -> list[int]:
-    """A head owner's permutation matrix (n, n) as a list: result slot i holds `other`'s head [i]."""
-    return [int(j) for j in q.abs().argmax(-1)]
-
-
-def heads_diagnostics(a: nn.Module, b: nn.Module, loss_fn, test: list, fixed, permuted, act,
-                      residual: str = "res") -> dict:
-    """Why weight matching's heads-permuted row can end above its heads-fixed row, measured on the pair.
-
-    `fixed`, `permuted`: weight matching's AlignResults with identity and with perm head owners (one spec
-    otherwise); `act`: activation matching's with perm owners. Per head owner (one per layer): the heads its
-    exact joint step (symo.alignment.matching's head_pair_terms and solve_heads: a linear assignment of head
-    pairs, then Procrustes per pair) moves when taken from the heads-fixed result with every other element
-    held, the objective gain and the barrier of that step alone, and the rank (1: the best of all n!
-    pairings) under the weight score at the heads-permuted result of keeping heads in place and of
-    activation matching's pairing. Then: whether the heads-permuted result is exactly the heads-fixed result
-    followed by those steps; objective and barrier with activation matching's head pairing (the rest by
-    weights); and both groups' objective and barrier with activation matching's `residual` permutation (the
-    rest by weights)."""
-    compiled = permuted.compiled
-    dtype = permuted.matrices[next(iter(permuted.matrices))].dtype
-    ref = {n: p.detach().to(dtype) for n, p in a.named_parameters() if n in compiled.param_names}
-    other = {n: p.detach().to(dtype) for n, p in b.named_parameters() if n in compiled.param_names}
-    owners = [s for s in compiled.spaces if moving_per_spaces(compiled, s)]
-
-    def objective(elements: dict) -> float:
-        return sum(inner_products(compiled, elements, ref, other).values())
-
-    def path(elements: dict, spec=None) -> float:
-        return barrier(a, moved_model(b, spec or compiled, elements), loss_fn, test, ALPHAS).barrier("loss")
-
-    def rank(score: torch.Tensor, p: list[int]) -> int | None:
-        n = score.shape[0]
-        if n > 8:  # 8! pairings at most
-            return None
-        value = float(score[torch.arange(n), torch.as_tensor(p)].sum())
-        others = (float(score[torch.arange(n), torch.as_tensor(r)].sum()) for r in itertools.permutations(range(n)))
-        return 1 + sum(v > value + 1e-9 * abs(value) for v in others)
-
-    start = {s: q.to(dtype) for s, q in fixed.matrices.items()}
-    base = objective(start)
-    stepped, layers = dict(start), {}
-    for owner in owners:
-        owned = moving_per_spaces(compiled, owner)
-        groups = {t: compiled.spaces[t]["group"] for t in owned}
-        c0, cross = head_pair_terms(compiled, start, owner, owned, ref, other)
-        q, rotations, _ = solve_heads(compiled.spaces[owner]["group"], c0, {t: (groups[t], cross[t]) for t in owned})
-        step = {owner: q.to(dtype).unsqueeze(0), **{t: r.to(dtype) for t, r in rotations.items()}}
-        stepped.update(step)
-        moved = pairing(q)
-        alone = {**start, **step}
-        c0, cross = head_pair_terms(compiled, permuted.matrices, owner, owned, ref, other)
-        score = c0 + sum(best_values(groups[t], cross[t]) for t in owned)
-        layers[owner] = {"heads": moved, "gain": objective(alone) - base,
-                         "barrier": path(alone) if moved != sorted(moved) else None,
-                         "rank_in_place": rank(score, list(range(len(moved)))),
-                         "activations": pairing(act.matrices[owner][0]),
-                         "rank_activations": rank(score, pairing(act.matrices[owner][0])),
-                         "pairings": math.factorial(len(moved))}
-    rest = [s for s in compiled.spaces if s not in owners and compiled.spaces[s]["per"] not in owners]
-    same = all(torch.equal(stepped[s], permuted.matrices[s].to(dtype)) for s in rest + owners) and all(
-        torch.allclose(stepped[t], permuted.matrices[t].to(dtype), atol=1e-5) for o in owners
-        for t in moving_per_spaces(compiled, o))
-    heads_act = weight_matching(compiled, ref, other, fixed={o: act.matrices[o].to(dtype) for o in owners})
-    out = {"layers": layers, "fixed_then_heads_step": same, "fixed_objective": base,
-           "permuted_objective": permuted.objective_after,
-           "heads_from_activations": {"objective": heads_act.objective_after, "barrier": path(heads_act.elements)}}
-    if residual in compiled.spaces and residual in act.matrices:
-        located = {residual: act.matrices[residual].to(dtype)}
-        for label, result in (("fixed", fixed), ("permuted", permuted)):
-            m = weight_matching(result.compiled, ref, other, fixed=located)
-            out[f"residual_from_activations_{label}"] = {"objective": m.objective_after,
-                                                         "barrier": path(m.elements, result.compiled)}
-    return out
-
-
-def heads_note(a: nn.Module, b: nn.Module, loss_fn, test: list, out: dict, results: dict, fixed: str, permuted: str,
-               act: str) -> str:
-    """heads_diagnostics for the rows `fixed`, `permuted` (weight matching) and `act` (activation matching): kept
-    in the permuted row (align.json) and returned in words."""
-    d = heads_diagnostics(a, b, loss_fn, test, results[fixed], results[permuted], results[act])
-    out[permuted]["heads_diagnostics"] = d
-    return heads_text(d, out[fixed]["barrier_loss"], out[permuted]["barrier_loss"])
-
-
-def heads_text(d: dict, fixed_barrier: float, permuted_barrier: float) -> str:
-    """heads_diagnostics in words, for the case's note (every comparison worded from the numbers)."""
-    gain = d["permuted_objective"] - d["fixed_objective"]
-    same = d["fixed_then_heads_step"]
-    text = (f"Heads permuted against heads fixed (weight matching): the heads-permuted result "
-            f"{'is exactly' if same else 'is not'} the heads-fixed result followed by one exact head step per layer "
-            f"(the linear assignment of head pairs, every other element held"
-            f"{': the residual and MLP permutations are the same' if same else ''}); the permuted group raises the "
-            f"objective by {gain:.4f} ({100 * gain / abs(d['fixed_objective']):.3f}%) and moves the barrier from "
-            f"{fixed_barrier:.4f} to {permuted_barrier:.4f}. Per layer, the heads each slot takes, the step's "
-            f"objective gain and the barrier with that layer's step alone, then the rank (1: best) of keeping heads "
-            f"in place and of activation matching's pairing among all pairings under the weight score: ")
-    text += "; ".join(
-        f"{o} {v['heads']} ({(v['gain'] if abs(v['gain']) >= 5e-5 else 0.0):+.4f}, "
-        + (f"barrier {v['barrier']:.4f}" if v["barrier"] is not None else "no head moved")
-        + f"; in place {v['rank_in_place']}, activations' {v['activations']} {v['rank_activations']} "
-        f"of {v['pairings']})"
-        for o, v in d["layers"].items()) + "."
-    h = d["heads_from_activations"]
-    text += (f" With activation matching's head pairing and the rest by weights: objective {h['objective']:.3f} "
-             f"({'lower' if h['objective'] < d['permuted_objective'] else 'not lower'} than the permuted group's), "
-             f"barrier {h['barrier']:.4f}.")
-    if "residual_from_activations_fixed" in d:
-        f, p = d["residual_from_activations_fixed"], d["residual_from_activations_permuted"]
-        higher = f["objective"] > d["fixed_objective"] and p["objective"] > d["permuted_objective"]
-        text += (f" With activation matching's residual permutation and the rest by weights: objective "
-                 f"{f['objective']:.3f} (heads fixed) and {p['objective']:.3f} (permuted), "
-                 f"{'both higher than' if higher else 'not both higher than'} weight matching's own descent reaches, "
-                 f"barriers {f['barrier']:.4f} and {p['barrier']:.4f}.")
-    return text
-
 def case_mha(quick: bool) -> tuple[dict, str]:
     x, y, xt, yt = load_mnist()
     n = 6000 if quick else 30000  # half the training set: about a minute of training per model
@@ -559,7 +297,7 @@ def case_mha(quick: bool) -> tuple[dict, str]:
     w = extra["weights: heads permuted (inferred)"]
     heads = heads_note(a, b, classify, test, out, extra, "weights: heads fixed (inferred, identity owners)",
                        "weights: heads permuted (inferred)", "activations: heads permuted (inferred)")
-    inits = [_init(make, s) for s in (0, 1)]
+    inits = [initial_model(make, s) for s in (0, 1)]
     return out, (f"MNIST rows as a 28-token sequence; MHAClassifier (d 64, 2 blocks of nn.MultiheadAttention with 4 "
                  f"heads of 16, ReLU MLP 128, pre-LayerNorm; {sum(p.numel() for p in a.parameters()):,} parameters), "
                  f"one epoch of Adam (lr 2e-3, batch 128) on {n:,} training images per model; test loss on the first "
@@ -593,11 +331,6 @@ def case_speed(quick: bool) -> tuple[dict, str]:
                  "(identity and solo)")
 
 
-def _init(make, seed: int) -> nn.Module:
-    torch.manual_seed(seed)  # train_classifier's init: the seed, then the model
-    return make()
-
-
 def _cosines(result) -> str:
     """Each space's cosine <W_a, g W_b> / (|W_a| |W_b|) over its parameters, at the identity -> after."""
     return "cosine per space before -> after weight matching: " + ", ".join(
@@ -611,103 +344,6 @@ def _spaces(result) -> str:
         groups[key] = groups.get(key, 0) + 1
     return ", ".join(f"{n} {g}" for g, n in groups.items())
 
-
-# ---------------------------------------------------------------- output
-TITLES = {"mnist_mlp": "MNIST MLP (3 x 512 ReLU), test set",
-          "fashion_rescnn": "Residual CNN with BatchNorm, test set",
-          "gpt": "Character GPT 4 x 128 trained with Symo, validation",
-          "gpt_adamw": "Character GPT 4 x 128 trained with AdamW, validation",
-          "mha": "nn.MultiheadAttention classifier on MNIST rows, test set",
-          "gpt2_speed": "Align time at GPT-2 small widths"}
-
-
-def committed_notes() -> dict[str, str]:
-    """Each case's note as the committed align.md has it (the first paragraph under its title), so a run of
-    some cases keeps the others' notes where the cache's notes.json is gone."""
-    md = RESULTS / "align.md"
-    if not md.is_file():
-        return {}
-    by_title = {v: k for k, v in TITLES.items()}
-    notes = {}
-    for section in md.read_text().split("\n## ")[1:]:
-        title, _, body = section.partition("\n\n")
-        if title.strip() in by_title and body.strip():
-            notes[by_title[title.strip()]] = body.split("\n\n")[0].strip()
-    return notes
-
-
-def write(results: dict, notes: dict, argv: str, seconds: float) -> None:
-    """align.{json,md,png}; cases not run this time keep their previous rows and notes."""
-    RESULTS.mkdir(exist_ok=True)
-    old = RESULTS / "align.json"
-    old_notes = CACHE / "notes.json"
-    if old.is_file():
-        results = {**json.loads(old.read_text()), **results}
-    if old_notes.is_file():
-        notes = {**json.loads(old_notes.read_text()), **notes}
-    notes = {**committed_notes(), **notes}
-    CACHE.mkdir(parents=True, exist_ok=True)
-    old_notes.write_text(json.dumps(notes))
-    results = {c: results[c] for c in CASES if c in results}
-    (RESULTS / "align.json").write_text(json.dumps(results, indent=1))
-    lines = ["# Aligning and merging models modulo their symmetry", "", f"Command: `{argv}`", "",
-             f"torch {torch.__version__}, {platform.machine()}, one torch thread, shared 2-core machine; "
-             f"{seconds / 60:.1f} min in all (trained models are cached in benchmarks/results/align_cache and "
-             "reused).", "",
-             "Barrier = the largest rise of the loss above the straight line between the end points' losses along "
-             "(1 - alpha) A + alpha B (11 points; for accuracy the largest drop below its line). Midpoint = alpha "
-             "0.5.", ""]
-    for case, rows in results.items():
-        lines += [f"## {TITLES[case]}", "", notes.get(case, "(notes: see the run that wrote these rows)"), ""]
-        if case == "gpt2_speed":
-            lines += ["| layers | parameters | spaces | sweeps | align seconds | matching seconds | best start |",
-                      "|---|---|---|---|---|---|---|"]
-            lines += [f"| {k.split()[0]} | {r['params']:,} | {r['spaces']} | {r['sweeps']} | "
-                      f"{r['align_seconds']:.1f} | {r['match_seconds']:.1f} | {r['start']} |" for k, r in rows.items()]
-        else:
-            ends = rows["naive"]["end_losses"]
-            naive = rows["naive"]["barrier_loss"]
-            lines += [f"End points: loss {ends[0]:.4f} (A), {ends[1]:.4f} (B).", "",
-                      "| method | loss barrier | of the naive barrier removed | accuracy barrier | midpoint loss | "
-                      "midpoint accuracy | align s |", "|---|---|---|---|---|---|---|"]
-            lines += [f"| {m} | (not applied: {r['skipped']}) | | | | | |" if "skipped" in r else
-                      f"| {m} | {r['barrier_loss']:.4f} | {100 * (1 - r['barrier_loss'] / naive):.0f}% | "
-                      f"{100 * r['barrier_acc']:.2f}% | {r['midpoint_loss']:.4f} | {100 * r['midpoint_acc']:.2f}% | "
-                      f"{r['align_seconds']:.2f} |" for m, r in rows.items()]
-        lines.append("")
-    (RESULTS / "align.md").write_text("\n".join(lines))
-    plot(results)
-
-
-def plot(results: dict) -> None:
-    try:
-        import matplotlib  # optional (the bench extra)
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # (the same optional dependency)
-    except ImportError:
-        return
-    cases = [c for c in ("mnist_mlp", "fashion_rescnn", "gpt", "gpt_adamw", "mha") if c in results]
-    fig, axes = plt.subplots(1, len(cases) + ("gpt2_speed" in results), figsize=(4.2 * (len(cases) + 1), 6.0))
-    axes = np.atleast_1d(axes)
-    for ax, case in zip(axes, cases):
-        for method, r in results[case].items():
-            if "skipped" in r:
-                continue
-            ax.plot(r["alphas"], r["losses"], marker="o", ms=3, label=method)
-        ax.set_title(case)
-        ax.set_xlabel("alpha (0: A, 1: B aligned)")
-        ax.set_ylabel("loss")
-        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2))  # below: long method names
-    if "gpt2_speed" in results:
-        rows = list(results["gpt2_speed"].values())
-        axes[-1].plot([r["spaces"] for r in rows], [r["align_seconds"] for r in rows], marker="o")
-        axes[-1].set_xlabel("spaces (GPT-2 small widths)")
-        axes[-1].set_ylabel("align seconds")
-        axes[-1].set_title("gpt2_speed")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "align.png", dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
-"""benchmarks/align.py's helpers for the transformer rows: the heads-fixed and heads-permuted variants of a
-spec, the count of heads moved, the committed notes a partial run (--cases) keeps, and the diagnostics of heads
-permuted against heads fixed."""
+"""benchmarks/align.py's helpers for the transformer rows (align_heads.py, align_report.py): the heads-fixed and
+heads-permuted variants of a spec, the count of heads moved, the committed notes a partial run (--cases) keeps,
+and the diagnostics of heads permuted against heads fixed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import symo
-from benchmarks.align import CASES, MHAClassifier, committed_notes, heads_as, heads_diagnostics, heads_moved, heads_text
+from benchmarks.align_heads import heads_as, heads_diagnostics, heads_moved, heads_text
+from benchmarks.align_models import MHAClassifier
+from benchmarks.align_report import CASES, committed_notes
 from symo.alignment.matching import weight_matching
 from symo.train.models import GPT, GPTConfig
 
