@@ -19,7 +19,7 @@ from references import ReferenceMuon, ReferenceShampoo  # noqa: E402
 
 from symo.optim import Symo, SymoConfig
 from symo.optim.kinds.base import StepContext
-from symo.optim.optimizer import polar_step
+from symo.optim.step import polar_step
 from symo.runtime.compiled import NonFiniteGradientError
 from symo.runtime.linalg import geometric_mean, inv_sqrt_newton_schulz, sym_power
 from symo.train.models import MLP, Factored

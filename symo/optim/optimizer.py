@@ -14,10 +14,11 @@ Per step, for the parameters the spec covers:
         then maps every block's Y to its new coordinates; the result is scattered back
     w  <- (1 - lr wd) w - lr * direction
 
-The kinds live in symo/optim/kinds/ (polar: Muon's step, the default; root, taylor, published, eigen_adam,
-then_orthogonalize). Uncovered parameters (embeddings, gains, biases) get the built-in AdamW. Under several
-processes the vectors go to each block's owner rank first (`Distributor.to_owners`) and the directions come
-back (`from_owners`), around the same loop.
+The momentum and the loop are functions of the tensors in symo/optim/step.py; the kinds live in
+symo/optim/kinds/ (polar: Muon's step, the default; root, taylor, published, eigen_adam, then_orthogonalize).
+Uncovered parameters (embeddings, gains, biases) get the built-in AdamW. Under several processes the vectors go
+to each block's owner rank first (`Distributor.to_owners`) and the directions come back (`from_owners`), around
+the same loop.
 """
 
 from __future__ import annotations
@@ -31,20 +32,20 @@ import torch
 from torch import nn
 
 from ..compiler import Spec, SpecError
-from ..runtime.compiled import CompiledSpec, NonFiniteUpdateError, check_finite_tensors, compile_for
+from ..runtime.compiled import CompiledSpec, check_finite_tensors, compile_for
 from ..runtime.text import fit_lines
 from . import auto_spec, parameter_rms, report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
 from .config import ADAMW_LR, SymoConfig
-from .distributed import Distributor, distribute, zeros_like_param
+from .distributed import Distributor, distribute
 from .kinds import KINDS
-from .kinds.base import BlockStep, Kind, StepContext
+from .kinds.base import Kind, StepContext
 from .plan import Stage, build_stages, resolve_stats_dtype
 from .presets import Preset, get_preset
+from .step import directions, momentum, polar_step, shared_beta1
 
 SpecLike = str | Path | Spec | CompiledSpec
-Tensors = dict[str, torch.Tensor]
 # without a preset, the documented rate of each update scale: 1e-3 natural (a full-rank block moves 1e-3 RMS
 # per entry, as Adam's rate does), Muon's 0.02 at Muon's scale, AdamW's 3e-3 when blocks match AdamW's RMS
 DEFAULT_LR = {"natural": 1e-3, "muon": 0.02, "adamw": ADAMW_LR}
@@ -367,142 +368,3 @@ def compile_subset(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[st
                       "out?); rules without parameters are dropped. Pass strict=False to say so and silence "
                       "this, or strict=True to make it an error", UserWarning, stacklevel=3)
         return compile_for(spec, shapes, sizes, False)
-
-
-def shared_beta1(betas: list[float]) -> float:
-    """The covered groups' momentum, which the kinds that debias it need as one value."""
-    if any(b != betas[0] for b in betas):
-        raise ValueError(f"the covered parameter groups have different beta1 values {sorted(set(betas))}; a block "
-                         "may span several groups, so Symo needs one beta1 for all of them")
-    return betas[0]
-
-
-def momentum(grads, bufs, betas, nesterovs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Muon's momentum: (the vectors to precondition, Nesterov blend or m; the new buffers), `bufs` untouched
-    (the step writes the new buffers once it has succeeded)."""
-    us, new = [], []
-    for g, buf, beta, nest in zip(grads, bufs, betas, nesterovs):
-        g = g.to(buf.dtype)
-        m = buf.lerp(g, 1 - beta)
-        new.append(m)
-        us.append(g.lerp(m, beta) if nest else m)
-    return us, new
-
-
-def with_zeros(compiled: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Tensors:
-    """Covered parameters without a gradient this step count as zero in their blocks."""
-    if len(tensors) == len(compiled.param_names):
-        return tensors
-    out = dict(tensors)
-    for n in compiled.param_names:
-        if n not in out:
-            out[n] = zeros_like_param(compiled.shapes[n], like)
-    return out
-
-
-def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[str, Tensors],
-               weights: Tensors | None, present: set[str],
-               block_state: Callable[[int, Stage, str], dict[str, Any]],
-               owned: list[set[str]] | None, rms_targets: dict[str, float] | None = None) -> Tensors:
-    """The one loop: for each of the kind's passes, gather -> the kind on every block -> scatter.
-
-    `vectors`: {"u": the vectors preconditioned, "g": the raw gradients when the kind asks for them};
-    `present`: the parameters with a gradient (a block none of whose parameters has one is skipped, its
-    update zero); `owned` (several processes): per stage, the blocks computed here; `rms_targets`: the
-    parameters whose direction is rescaled to a given RMS at the end (symo.optim.parameter_rms)."""
-    like = next(iter(vectors["u"].values()))
-    carried = {key: vectors[key] for key in kind.carried}
-    stat_key = kind.statistic_key()
-    visited: dict[int, list[BlockStep]] = {}  # stage -> its blocks on the first visit
-    scratch: dict[tuple[int, str], dict[str, Any]] = {}
-    moved = False  # whether the carried vectors are still the raw ones
-    for k, direction in kind.passes(len(plan)):
-        stage = plan[k]
-        comp = stage.compiled
-        coords = {key: comp.gather(with_zeros(comp, v, like)) for key, v in carried.items()}
-        first = k not in visited
-        stats = weight = None
-        if first:
-            raw_is_carried = not moved and stat_key in coords
-            stats = coords[stat_key] if raw_is_carried else comp.gather(with_zeros(comp, vectors[stat_key], like))
-            if kind.needs_weights and weights is not None:
-                weight = lazy_gather(comp, weights, like)
-        steps: list[BlockStep] = []
-        zs: dict[str, dict[str, torch.Tensor]] = {}
-        for b in comp.blocks:
-            c = stage.blocks[b.id]
-            if present.isdisjoint(c.params) or (owned is not None and b.id not in owned[k]):
-                for key in coords:
-                    zs.setdefault(key, {})[b.id] = torch.zeros_like(coords[key][b.id])
-                continue
-            steps.append(BlockStep(
-                c, block_state(k, stage, b.id) if kind.stateful else {}, {key: v[b.id] for key, v in coords.items()},
-                None if stats is None else stats[b.id],
-                None if weight is None else (lambda bid=b.id, weight=weight: weight()[bid]),
-                scratch.setdefault((k, b.id), {})))
-        if first:
-            visited[k] = steps
-        try:
-            if first and steps:
-                kind.update(k, steps, ctx)
-                due = [s for s in steps if kind.due(k, s)]
-                if due:
-                    kind.refresh(k, due, ctx)
-            outs = kind.apply(k, direction, steps, ctx) if steps else []
-        except torch.linalg.LinAlgError as err:
-            raise linalg_failure(kind, comp, vectors, err) from err
-        keys = list(outs[0]) if outs else list(coords)
-        for s, out in zip(steps, outs):
-            for key in keys:
-                zs.setdefault(key, {})[s.plan.id] = out[key]
-        carried = {key: comp.scatter({bid: z for bid, z in zs.get(key, {}).items()}) for key in keys}
-        moved = True
-    for k, steps in visited.items():
-        if steps:
-            try:
-                kind.after_step(k, steps, ctx)
-            except torch.linalg.LinAlgError as err:
-                raise linalg_failure(kind, plan[k].compiled, vectors, err) from err
-    return parameter_rms.match_rms(carried["u"], rms_targets or {})
-
-
-def linalg_failure(kind: Kind, comp: CompiledSpec, vectors: dict[str, Tensors], err: Exception
-                   ) -> NonFiniteUpdateError:
-    """A matrix function that failed (eigh of a NaN or inf statistic), as the documented error: it names the
-    parameter whose vector is not finite (check_finite=False let it in), or says the optimizer's numerics failed."""
-    bad = [n for v in vectors.values() for n, t in v.items() if not bool(torch.isfinite(t).all())]
-    if bad:
-        return NonFiniteUpdateError(
-            f"Symo's {kind.name} preconditioner could not decompose a statistic of spec {comp.name!r}: the "
-            f"gradient or momentum of {sorted(set(bad))[:3]} holds NaN/inf (check_finite=False let it in); the "
-            "step changed nothing: skip this batch, lower the learning rate, or keep check_finite=True")
-    return NonFiniteUpdateError(
-        f"Symo's {kind.name} preconditioner failed on a finite statistic of spec {comp.name!r} ({err}); this is "
-        "the optimizer's numerics, not your gradient: use stats_dtype='float64', or add damping; the step "
-        "changed nothing")
-
-
-def lazy_gather(comp: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
-    """The block coordinates of `tensors`, gathered on the first call and kept."""
-    cache: dict[str, dict[str, torch.Tensor]] = {}
-
-    def get() -> dict[str, torch.Tensor]:
-        if "coords" not in cache:
-            cache["coords"] = comp.gather(with_zeros(comp, tensors, like))
-        return cache["coords"]
-
-    return get
-
-
-def polar_step(plan: list[Stage], kind: Kind, ctx: StepContext, names, grads, bufs, betas, nesterovs,
-               rms_targets: dict[str, float]) -> tuple[Tensors, list[torch.Tensor]]:
-    """The polar kind's whole step, Python control flow static in the shapes and config (torch.compile takes
-    it as one graph): momentum, then the one loop (no block state). Returns the directions and the new
-    momentum buffers."""
-    us_list, new_bufs = momentum(grads, bufs, betas, nesterovs)
-    us = dict(zip(names, us_list))
-    vectors = {"u": us}
-    if "g" in kind.vectors():
-        vectors["g"] = {n: g.to(us[n].dtype) for n, g in zip(names, grads)}
-    return directions(plan, kind, ctx, vectors, None, set(names), lambda k, stage, bid: {}, None,
-                      rms_targets), new_bufs
