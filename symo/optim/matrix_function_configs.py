@@ -13,7 +13,7 @@ eigen_adam), and the kind calls the function it names with it (and, for a refres
 The kinds also take the old string spellings of `backend`: "eigh" is Eigh(), "newton_schulz" the kind's iteration
 (NewtonSchulz() for the polar factor, CoupledNewton() for root's stored statistic), "auto" Auto() with it; and the
 flat keywords `eigh_max_size`, `ns_steps`, `ns_coeffs`, `ns_dtype`, `ns_method`, `ns_inverse_steps` as shortcuts to
-these configs' fields (each kind's `shortcuts`, kinds/base.py).
+these configs' fields (each kind's `shortcuts`, kinds/options.py).
 
 Nothing here imports torch (the presets hold these configs and are read without it); the linear algebra is
 symo.runtime.linalg's, called through symo.optim.matrix_functions (`stored_power`, `current_statistic_apply`) and

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
-from .base import Kind, KindConfig
+from .base import Kind
 from .eigen_adam import EigenAdam, EigenAdamConfig
+from .options import KindConfig
 from .polar import Polar, PolarConfig
 from .published import Published, PublishedConfig
 from .root import Root, RootConfig

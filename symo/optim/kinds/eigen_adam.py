@@ -39,7 +39,8 @@ from ...runtime.compiled import BlockInfo
 from ...runtime.linalg import eigh_basis, power_qr_basis, zero_threshold
 from ..checks import raise_first
 from ..matrix_function_configs import BasisRefresh, Eigh, PowerQR
-from .base import AdamOptions, AveragedOptions, BlockStep, Kind, StepContext, batched, finish
+from .base import BlockStep, Kind, StepContext, batched, finish
+from .options import AdamOptions, AveragedOptions
 
 # a side of a block: (its statistic's state key, its basis's state key, the axis of V it rotates)
 SIDES = (("ema", "basis", -2), ("ema_width", "basis_width", -1))

@@ -15,17 +15,8 @@ from ..checks import raise_first
 from ..matrix_function_configs import Auto, CoupledNewton, Eigh, MatrixFunction, NewtonSchulz
 from ..matrix_functions import current_statistic_apply
 from ..plan import stack_blocks
-from .base import (
-    BlockStep,
-    DampingOptions,
-    Kind,
-    PolarFactorOptions,
-    PowerOptions,
-    StatisticOptions,
-    StepContext,
-    finish,
-    update_scale_factor,
-)
+from .base import BlockStep, Kind, StepContext, finish, update_scale_factor
+from .options import DampingOptions, PolarFactorOptions, PowerOptions, StatisticOptions
 
 
 @dataclass

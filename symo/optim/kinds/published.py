@@ -33,17 +33,8 @@ import torch
 from ...runtime.compiled import BlockInfo
 from ..checks import raise_first
 from ..divergence import DivergenceWatch
-from .base import (
-    BlockStep,
-    Kind,
-    RefreshOnChange,
-    StatisticOptions,
-    StepContext,
-    batched,
-    finish,
-    refresh_due,
-    statistic_shape,
-)
+from .base import BlockStep, Kind, RefreshOnChange, StepContext, batched, finish, refresh_due, statistic_shape
+from .options import StatisticOptions
 
 DEBIAS_FLOOR = 1e-4  # beta^t stops decaying here in the bias corrections 1 - max(beta^t, DEBIAS_FLOOR)
 

@@ -17,11 +17,8 @@ from ..checks import raise_first
 from ..matrix_function_configs import Auto, CoupledNewton, Eigh, MatrixFunction
 from ..matrix_functions import stored_power
 from .base import (
-    AveragedOptions,
     BlockStep,
-    DampingOptions,
     Kind,
-    PowerOptions,
     RefreshOnChange,
     StepContext,
     batched,
@@ -32,6 +29,7 @@ from .base import (
     statistic_shape,
     update_scale_factor,
 )
+from .options import AveragedOptions, DampingOptions, PowerOptions
 
 
 @dataclass

@@ -14,7 +14,8 @@ import torch
 from ...runtime.compiled import BlockInfo
 from ..matrix_function_configs import Eigh, MatrixFunction
 from ..matrix_functions import stored_power, taylor_power
-from .base import AveragedOptions, BlockStep, DampingOptions, PowerOptions, StepContext, diagonal_power
+from .base import BlockStep, StepContext, diagonal_power
+from .options import AveragedOptions, DampingOptions, PowerOptions
 from .root import Root
 
 

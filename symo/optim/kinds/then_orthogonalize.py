@@ -24,8 +24,9 @@ from ...runtime.compiled import BlockInfo
 from ..checks import raise_first
 from ..matrix_function_configs import Auto, Eigh, MatrixFunction
 from ..matrix_functions import current_statistic_apply
-from .base import BlockStep, Kind, KindConfig, PolarFactorOptions, StepContext, finish, update_scale_factor
+from .base import BlockStep, Kind, StepContext, finish, update_scale_factor
 from .eigen_adam import EigenAdam, EigenAdamConfig
+from .options import KindConfig, PolarFactorOptions
 from .root import Root, RootConfig
 
 
