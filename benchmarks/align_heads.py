@@ -14,14 +14,9 @@ from torch import nn
 
 import symo
 from symo.alignment import barrier
-from symo.alignment.matching import (
-    best_values,
-    head_pair_terms,
-    inner_products,
-    moving_per_spaces,
-    solve_heads,
-    weight_matching,
-)
+from symo.alignment.heads import head_pair_terms
+from symo.alignment.matching import inner_products, moving_per_spaces, weight_matching
+from symo.alignment.solve import best_values, solve_heads
 
 ALPHAS = 11  # points on the straight path between two models
 
@@ -70,7 +65,7 @@ def heads_diagnostics(a: nn.Module, b: nn.Module, loss_fn, test: list, fixed, pe
 
     `fixed`, `permuted`: weight matching's AlignResults with identity and with perm head owners (one spec
     otherwise); `act`: activation matching's with perm owners. Per head owner (one per layer): the heads its
-    exact joint step (symo.alignment.matching's head_pair_terms and solve_heads: a linear assignment of head
+    exact joint step (symo.alignment's head_pair_terms and solve_heads: a linear assignment of head
     pairs, then Procrustes per pair) moves when taken from the heads-fixed result with every other element
     held, the objective gain and the barrier of that step alone, and the rank (1: the best of all n!
     pairings) under the weight score at the heads-permuted result of keeping heads in place and of

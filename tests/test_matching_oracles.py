@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import symo
-from symo.alignment.matching import best_values, head_pair_terms, identity_element, solve_heads, weight_matching
+from symo.alignment.heads import head_pair_terms
+from symo.alignment.matching import identity_element, weight_matching
+from symo.alignment.solve import best_values, solve_heads
 from symo.runtime.compiled import CompiledSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")

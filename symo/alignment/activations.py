@@ -20,7 +20,7 @@ weight, a space sharing its axis with another group) are left to weight matching
 
 Heads permuted as wholes (per-spaces under a perm or signed_perm owner): every pair of heads gets its
 statistic, the owner's element is the linear assignment of the pairs' best values (a rotation's: the nuclear
-norm of the pair's cross-covariance), and each paired head its elements (`matching.solve_heads`). Where one
+norm of the pair's cross-covariance), and each paired head its elements (`solve.solve_heads`). Where one
 of the owner's per-spaces cannot be located, the owner and its per-spaces are all left to weight matching,
 which solves them jointly.
 """
@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.compiled import CompiledSpec
-from .matching import moving_per_spaces, solve_heads, solve_linear
+from .matching import moving_per_spaces
+from .solve import solve_heads, solve_linear
 
 # weight axis -> (side of the module, feature dimension of that tensor), per module type
 _LINEAR = {0: ("output", -1), 1: ("input", -1)}

@@ -17,7 +17,7 @@ per-head (`per`) spaces and fused axes included (a test checks C against autogra
   element's value on its cross matrix C[a, b] (for a rotation its nuclear norm: the Procrustes optimum). A
   linear assignment on that score picks the heads (for signed_perm each pair also its sign), then each pair
   its elements (Procrustes): the exact maximum over the owner and its per-spaces together, which a
-  coordinate step on the owner alone would miss (`_update_owner`).
+  coordinate step on the owner alone would miss (`heads.update_owner`).
 
 A space that occurs twice in one block (a repeated space: an RNN's W_hh moves as Q W Q^T) makes the objective
 quadratic in Q. Its steps: the linearisation at the current Q (both occurrences' terms, each with the
@@ -43,30 +43,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from ..runtime.compiled import CompiledSpec, _random_matrix
+from .heads import update_owner
+from .solve import solve_linear
 
 Tensors = Mapping[str, torch.Tensor]
-
-
-def solve_linear(group: str, c: torch.Tensor) -> torch.Tensor:
-    """argmax over the group of <Q, C> = sum_ij Q_ij C_ij for one n x n matrix C (any float dtype, CPU);
-    `Q` acts as x'_i = sum_j Q_ij x_j, the convention of `CompiledSpec.act`."""
-    if group == "identity":
-        return torch.eye(c.shape[0], dtype=c.dtype)
-    c64 = c.double()
-    if group == "orthogonal":
-        u, _, vh = torch.linalg.svd(c64)
-        return (u @ vh).to(c.dtype)
-    if group not in ("perm", "signed_perm"):
-        raise ValueError(f"weight matching does not know the group {group!r}")
-    score = c64.abs() if group == "signed_perm" else c64
-    rows, cols = linear_sum_assignment(score.numpy(), maximize=True)
-    rows, cols = torch.as_tensor(rows), torch.as_tensor(cols)
-    q = torch.zeros_like(c64)
-    q[rows, cols] = 1.0 - 2.0 * (c64[rows, cols] < 0).double() if group == "signed_perm" else 1.0
-    return q.to(c.dtype)
 
 
 def identity_element(compiled: CompiledSpec, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -264,7 +246,7 @@ def moving_per_spaces(compiled: CompiledSpec, s: str) -> list[str]:
 
 
 def joint_spaces(compiled: CompiledSpec, s: str, solve: list[str]) -> list[str]:
-    """The per-spaces solved jointly with owner `s` (`_update_owner`): all of its moving per-spaces when every
+    """The per-spaces solved jointly with owner `s` (`heads.update_owner`): all of its moving per-spaces when every
     one is being solved here, else none (one fixed by activation matching: the owner is then solved alone)."""
     owned = moving_per_spaces(compiled, s)
     return owned if owned and all(t in solve for t in owned) else []
@@ -325,7 +307,7 @@ def _update(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, re
     group = compiled.spaces[s]["group"]
     names = compiled.space_params[s]
     if owned and not quadratic:
-        gain = _update_owner(compiled, element, s, owned, ref, other)
+        gain = update_owner(compiled, element, s, owned, ref, other)
         if gain is not None:
             return gain
     if not quadratic:  # linear in Q_s: the part of the objective that moves with Q_s is <Q_s, C> exactly
@@ -366,99 +348,6 @@ def _update(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, re
         gained += best_value - current
         current = best_value
     return gained
-
-
-def _update_owner(compiled: CompiledSpec, element: dict[str, torch.Tensor], s: str, owned: list[str], ref: Tensors,
-                  other: Tensors) -> float | None:
-    """Owner `s` (perm or signed_perm) and its per-spaces `owned` solved jointly, the other spaces fixed (module
-    docstring); returns the gain, or None where the objective does not split by head pairs (two of the owned
-    spaces in one block: the caller then solves `s` alone)."""
-    terms = head_pair_terms(compiled, element, s, owned, ref, other)
-    if terms is None:
-        return None
-    c0, cross = terms
-    groups = {t: compiled.spaces[t]["group"] for t in owned}
-    q, rotations, value = solve_heads(compiled.spaces[s]["group"], c0, {t: (groups[t], cross[t]) for t in owned})
-    # the current element's value in the same terms: x'_a = R_a sum_b P_ab x_b
-    p = element[s][0].double()
-    current = float((p * c0).sum()) + sum(
-        float((p * torch.einsum("aij,abij->ab", element[t].double(), cross[t])).sum()) for t in owned)
-    if not (math.isfinite(value) and value > current + 1e-13 * max(abs(current), 1e-30)):
-        return 0.0
-    dtype = element[s].dtype
-    element[s] = q.to(dtype).unsqueeze(0)
-    element.update({t: r.to(dtype) for t, r in rotations.items()})
-    return value - current
-
-
-def solve_heads(owner_group: str, c0: torch.Tensor, cross: Mapping[str, tuple[str, torch.Tensor]],
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
-    """argmax of sum_ab P_ab (C0[a, b] + sum_t <R_t[a], C_t[a, b]>) over the owner's (signed) permutation P and the
-    per-head elements R_t: a linear assignment of head pairs (a signed_perm owner also picks each pair's sign),
-    then each pair's elements. `cross`: t -> (t's group, C_t (n, n, m, m)), float64. Returns P (n, n), the R_t
-    (n, m, m) and the maximum."""
-    c0, cross = c0.cpu(), {t: (group, c.cpu()) for t, (group, c) in cross.items()}
-    signs = (1.0, -1.0) if owner_group == "signed_perm" else (1.0,)
-    scores = torch.stack([sign * c0 + sum(best_values(group, sign * c) for group, c in cross.values())
-                          for sign in signs])
-    score, which = scores.max(0)
-    rows, cols = linear_sum_assignment(score.numpy(), maximize=True)
-    sign = torch.tensor([signs[int(which[a, b])] for a, b in zip(rows, cols)], dtype=torch.float64)
-    q = torch.zeros_like(c0)
-    q[torch.as_tensor(rows), torch.as_tensor(cols)] = sign
-    rotations = {t: torch.stack([solve_linear(group, sign[i] * c[a, b]) for i, (a, b) in enumerate(zip(rows, cols))])
-                 for t, (group, c) in cross.items()}
-    return q, rotations, float(score[rows, cols].sum())
-
-
-def head_pair_terms(compiled: CompiledSpec, element: Tensors, s: str, owned: list[str], ref: Tensors,
-                    other: Tensors) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
-    """The objective over owner `s` and its per-spaces `owned`, the other spaces at `element`, by pairs of heads:
-    C0 (n, n), C0[a, b] = <ref's head a, other's head b> over the blocks where no owned space occurs, and per
-    owned space t, C_t (n, n, m, m): ref's head a against other's head b contracted over every atom but t's
-    (float64). None where two owned spaces share a block (the objective is then not linear per pair)."""
-    names = compiled.space_params[s]
-    reset = {t: torch.eye(element[t].shape[-1], dtype=element[t].dtype).expand_as(element[t]) for t in [s, *owned]}
-    with torch.no_grad():
-        moved = compiled.act({**element, **reset}, other, names)
-    n = compiled.spaces[s]["size"]
-    c0 = torch.zeros(n, n, dtype=torch.float64)
-    cross = {t: torch.zeros(n, n, compiled.spaces[t]["size"], compiled.spaces[t]["size"], dtype=torch.float64)
-             for t in owned}
-    for name in names:
-        for block in compiled.param_blocks(name):
-            atoms = [sp for axis in block["axes"] for sp, _ in axis]
-            if s not in atoms:
-                continue
-            here = [k for k, sp in enumerate(atoms) if sp in cross]
-            if len(here) > 1 or atoms.count(s) > 1:
-                return None
-            sizes = [size for axis in block["axes"] for _, size in axis]
-            r, y = ref[name], moved[name]
-            for axis, (start, length) in enumerate(block["slices"]):
-                r, y = r.narrow(axis, start, length), y.narrow(axis, start, length)
-            r, y = r.reshape(sizes).double().cpu(), y.reshape(sizes).double().cpu()
-            j = atoms.index(s)
-            if not here:
-                c0 += torch.movedim(r, j, 0).reshape(n, -1) @ torch.movedim(y, j, 0).reshape(n, -1).T
-                continue
-            k = here[0]
-            r = torch.movedim(r, (j, k), (0, 1)).reshape(n, sizes[k], -1)
-            y = torch.movedim(y, (j, k), (0, 1)).reshape(n, sizes[k], -1)
-            cross[atoms[k]] += torch.einsum("aiz,bjz->abij", r, y)
-    return c0, cross
-
-
-def best_values(group: str, c: torch.Tensor) -> torch.Tensor:
-    """max over the group of <Q, C> for each m x m matrix C of `c` (..., m, m): the nuclear norm for orthogonal
-    (the Procrustes optimum), the linear assignment's value for perm and signed_perm, the trace for identity."""
-    if group == "orthogonal":
-        return torch.linalg.svdvals(c).sum(-1)
-    if group == "identity":
-        return torch.diagonal(c, dim1=-2, dim2=-1).sum(-1)
-    flat = c.reshape(-1, *c.shape[-2:])
-    values = torch.stack([(solve_linear(group, m) * m).sum() for m in flat])
-    return values.reshape(c.shape[:-2])
 
 
 def _solve(group: str, c: torch.Tensor) -> torch.Tensor:
