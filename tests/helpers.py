@@ -6,12 +6,15 @@ import from here, never from one another).
 - `oracle_S`: the orbit average of tests/oracles.py (exhaustive enumeration, or Haar's exact moments
   where an orthogonal space repeats within a parameter);
 - `assignment`, `assert_covers`, `assert_all_true`, `independent_check`: checks of inferred specs;
-- `inverse_element`: g^-1 space by space, heads permuted as wholes included.
+- `inverse_element`: g^-1 space by space, heads permuted as wholes included;
+- `ROWS`, `COLS`, `loss_grad`, `singular_values_of_updates`: the kinds' edge tests' one-matrix problem
+  (tests/test_mutation_kinds.py, test_mutation_kind_edges.py).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import oracles as O
@@ -58,7 +61,7 @@ def ref_power(a: torch.Tensor, p: float, damping: float = 0.0, absolute: bool = 
         lam = max(float(evals.max()), 0.0)
         shift = damping if absolute else damping * lam
         tol = (8 * math.sqrt(len(evals)) * EPS64 if zero_rel is None else zero_rel) * lam
-        f = torch.tensor([(x + shift) ** p if x > tol else 0.0 for x in evals.tolist()], dtype=F64)
+        f = torch.tensor([(x + shift) ** p if x > tol else 0.0 for x in evals.tolist()], dtype=torch.float64)
         out.append((evecs * f) @ evecs.T)
     return torch.stack(out).reshape(a.shape)
 
@@ -162,3 +165,31 @@ def assert_polar_of_the_librarys_direction(opt, lib, w, twin, target: torch.Tens
             assert torch.equal(before, w.detach()) and torch.equal(lib_before, twin.detach())
             continue
         assert rel(before - w.detach(), lr * polar(lib_before - twin.detach())) < 1e-4, t
+
+
+# ------------------------------------------------------------------ the kinds' edge tests
+ROWS = '[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n'
+COLS = '[spaces]\nc = "signed_perm"\n[params]\nw = ["_", "c"]\n'
+
+
+def loss_grad(w: torch.Tensor, target: torch.Tensor) -> None:
+    w.grad = None
+    (((w - target) ** 3).sum() + (w @ w.T).square().sum()).backward()
+
+
+def singular_values_of_updates(**options) -> tuple[list[torch.Tensor], str]:
+    """Four updates' singular values (over lr) of then_orthogonalize on a 5 x 5 weight, and the block's backend as
+    `describe()` reports it."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 5, dtype=F64))
+    target = torch.randn(5, 5, dtype=F64)
+    opt = symo.Symo({"w": w}, symo.parse_spec(ROWS), preset="then_orthogonalize", lr=0.1, stats_dtype="float64",
+               **options)
+    out = []
+    for _ in range(4):
+        loss_grad(w, target)
+        before = w.detach().clone()
+        opt.step()
+        out.append(torch.linalg.svdvals((before - w.detach()) / 0.1))
+    (backend,) = re.findall(r", backend=([^;]+);", opt.describe())
+    return out, backend
