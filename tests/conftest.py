@@ -5,6 +5,7 @@ of benchmark scripts (imported from the `benchmarks` package: run pytest from th
 import os
 
 import pytest
+import symo.compiler as compiler
 import torch
 from hypothesis import settings
 
@@ -29,3 +30,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def fresh_memory(monkeypatch: pytest.MonkeyPatch):
+    """A new 'process': an empty in-memory compile cache (restored after the test). Call it to empty it again."""
+    def reset() -> None:
+        monkeypatch.setattr(compiler, "_MEMORY", {})
+        monkeypatch.setattr(compiler, "_DISKS", {})  # a new process re-reads the cache's secret
+
+    reset()
+    return reset

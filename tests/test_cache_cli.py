@@ -28,17 +28,6 @@ MLP_SHAPES = {"fc1.weight": (16, 8), "fc1.bias": (16,), "fc2.weight": (16, 16), 
 SHAPES_ARG = "fc1.weight=16x8,fc1.bias=16,fc2.weight=16x16,fc2.bias=16,fc3.weight=4x16,fc3.bias=4"
 
 
-@pytest.fixture
-def fresh_memory(monkeypatch: pytest.MonkeyPatch):
-    """A new 'process': an empty in-memory cache (restored after the test). Call it to empty it again."""
-    def reset() -> None:
-        monkeypatch.setattr(compiler, "_MEMORY", {})
-        monkeypatch.setattr(compiler, "_DISKS", {})  # a new process re-reads the cache's secret
-
-    reset()
-    return reset
-
-
 def entries(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.py"))
 
