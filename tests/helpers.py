@@ -3,7 +3,7 @@ import from here, never from one another).
 
 - `rel`, `max_rel`: error measures, in float64;
 - `polar`, `ref_power`: dense float64 references of the polar factor and of the matrix power rule;
-- `oracle_S`: the orbit average of tests/oracles.py (exhaustive enumeration, or Haar's exact moments
+- `oracle_S`: the orbit average of tests/oracles.py (exhaustive enumeration, or tests/oracles_haar.py's exact moments
   where an orthogonal space repeats within a parameter);
 - `assignment`, `assert_covers`, `assert_all_true`, `independent_check`: checks of inferred specs;
 - `inverse_element`: g^-1 space by space, heads permuted as wholes included;
@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 
 import oracles as O
+import oracles_haar
 import torch
 from symo.compiler import bind, shapes_of
 from torch.func import functional_call
@@ -73,11 +74,11 @@ def oracle_S(spaces: dict[str, tuple], layout: Sequence, v: torch.Tensor,
     """E_g[A_g v v^T A_g^T] as a dense float64 matrix (tests/oracles.py). `spaces` and `layout` are the
     oracle's ({space: (group, n, owner)}, [(param, shape, axes)]); `actions`, every A_g, if the caller
     keeps them. An orthogonal space "h" that repeats within a parameter takes Haar's exact moments
-    (oracles.haar_orbit_average): B_n's fourth moment differs from Haar's once a space repeats."""
+    (oracles_haar.haar_orbit_average): B_n's fourth moment differs from Haar's once a space repeats."""
     group, n, _ = spaces.get("h", (None, None, None))
     if group == "orthogonal" and any(list(axes).count("h") > 1 for _, _, axes in layout):
         assert len(spaces) == 1, "Haar's moments are implemented for one repeated space named h"
-        return O.haar_orbit_average(n, layout, v)
+        return oracles_haar.haar_orbit_average(n, layout, v)
     return O.dense_orbit_average(actions if actions is not None else O.action_matrices(spaces, layout), v)
 
 
