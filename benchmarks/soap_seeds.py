@@ -9,10 +9,13 @@ algorithm (tests/test_soap.py). This script asks whether those gaps are more tha
 - six seeds, in both regimes: seeds 3, 4 and 5 for Muon, heavyball's SOAP, `soap_heavyball`, SOAP-Muon, `soap`
   and the authors' SOAP (pytorch-optimizer) at the campaign's tuned rate and decay, reported with the campaign's
   seeds 0-2 (same initialization and batches per seed across arms);
+- whether the true symmetry helps SOAP, in both regimes: `soap` and SOAP-Muon on the true-symmetry spec
+  (gpt_true: per-head O(k) gauges, statistics shared by units) at their own tuned rates and decays, six seeds
+  each, paired seed by seed with the same kind on the Muon-style spec (gpt_muon);
 - floor (reference regime): heavyball's SOAP at seeds 0-2 with the initial weights moved by 1e-7, paired with the
   campaign's runs.
 
-    python -m benchmarks.soap_seeds              # 39 runs of 1-8 minutes on 2 workers (158 worker-minutes)
+    python -m benchmarks.soap_seeds              # 51 runs of 1-10 minutes on 2 workers (about 220 worker-minutes)
     python -m benchmarks.soap_seeds --report     # train nothing: the report of what the run cache holds
 
 Seeds 0-2 come from the campaign's run caches; new runs go to benchmarks/results/soap_seeds_runs.json. Writes
@@ -47,7 +50,10 @@ MEASURED = ("reference", "data_rich")
 FLOOR_REGIME = "reference"  # the floor and the first update: the regime whose SOAP gaps the goals are about
 CAMPAIGN_SEEDS, EXTRA_SEEDS = (0, 1, 2), (3, 4, 5)
 EXTENDED = ("muon", "soap", "symo_soap_heavyball_gpt_muon", "symo_soap_muon_gpt_muon", "symo_soap_gpt_muon",
-            "soap_authors")
+            "soap_authors", "symo_soap_muon_gpt_true", "symo_soap_gpt_true")
+# (kind, its arm on the true-symmetry spec, its arm on the Muon-style spec): does the group help SOAP
+SYMMETRY_PAIRS = (("soap", "symo_soap_gpt_true", "symo_soap_gpt_muon"),
+                  ("SOAP-Muon", "symo_soap_muon_gpt_true", "symo_soap_muon_gpt_muon"))
 FLOOR_ARM, PERTURBATION = "soap", 1e-7
 FLOOR_KEY = f"{FLOOR_ARM}_init_perturbed"
 # (label, arm A, arm B, whether B's initial weights are perturbed): first-update pairs
@@ -147,8 +153,10 @@ def subset_ratios(records: dict[str, dict[int, dict]], arm: str) -> list[float |
 def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict]) -> dict[str, Any]:
     """Per extended arm over 3 and over 6 seeds: final losses, paired intervals against Muon and heavyball's SOAP,
     and steps to Muon's mean final loss as a ratio of Muon's own (the campaign's `Muon-loss steps`); then the
-    floor: heavyball's SOAP from perturbed initial weights against its campaign runs, beside soap_heavyball."""
-    out: dict[str, Any] = {"arms": {}, "floor": None}
+    floor: heavyball's SOAP from perturbed initial weights against its campaign runs, beside soap_heavyball; and per
+    kind of SYMMETRY_PAIRS over six seeds, its run on the true-symmetry spec paired with its run on the Muon-style
+    spec."""
+    out: dict[str, Any] = {"arms": {}, "floor": None, "symmetry": []}
     for n_seeds, seeds in ((3, CAMPAIGN_SEEDS), (6, CAMPAIGN_SEEDS + EXTRA_SEEDS)):
         if not all(s in records.get(arm, {}) for arm in EXTENDED for s in seeds):
             continue
@@ -172,6 +180,13 @@ def summarize(records: dict[str, dict[int, dict]], chosen: dict[str, dict]) -> d
     for arm, entry in out["arms"].items():
         if "seeds_6" in entry and arm != "muon":
             entry["subset_ratios"] = subset_ratios(records, arm)
+    seeds = CAMPAIGN_SEEDS + EXTRA_SEEDS
+    for kind, true_arm, muon_style_arm in SYMMETRY_PAIRS:
+        if all(s in records.get(arm, {}) for arm in (true_arm, muon_style_arm) for s in seeds):
+            true, muon_style = ([records[arm][s]["final_val"] for s in seeds] for arm in (true_arm, muon_style_arm))
+            out["symmetry"].append({"kind": kind, "true_arm": true_arm, "muon_style_arm": muon_style_arm,
+                                    "seeds": list(seeds), "true_finals": true, "muon_style_finals": muon_style,
+                                    "true_minus_muon_style_ci95": list(paired_diff_ci95(true, muon_style))})
     floor = records.get(FLOOR_KEY, {})
     if all(s in floor for s in CAMPAIGN_SEEDS) and all(s in records.get(a, {}) for a in
                                                       (FLOOR_ARM, "symo_soap_heavyball_gpt_muon")
@@ -240,6 +255,15 @@ def regime_section(regime: str, summary: dict[str, Any]) -> list[str]:
         lines += ["", "The 3-seed `Muon-loss steps` on each of the 20 three-seed subsets of the six seeds (the arm and "
                   "Muon on the same subset; the campaign's seeds 0-2 are one of them):", "",
                   "| arm | median | range | subsets at or under 0.85x |", "|---|---|---|---|", *spread]
+    if summary["symmetry"]:
+        lines += ["", f"## {regime}: does the true symmetry help SOAP", "",
+                  "Each kind on the true-symmetry spec (gpt_true) and on the Muon-style spec (gpt_muon), each at its "
+                  "own tuned rate and decay, six seeds paired (negative: the true symmetry is lower).", "",
+                  "| kind | gpt_true | gpt_muon | gpt_true - gpt_muon, paired 95% |", "|---|---|---|---|"]
+        for pair in summary["symmetry"]:
+            (mt, st), (mm, sm) = mean_std(pair["true_finals"]), mean_std(pair["muon_style_finals"])
+            lines.append("| {} | {:.4f} ± {:.4f} | {:.4f} ± {:.4f} | [{:+.4f}, {:+.4f}] |".format(
+                pair["kind"], mt, st, mm, sm, *pair["true_minus_muon_style_ci95"]))
     floor = summary["floor"]
     if floor is not None:
         lines += [

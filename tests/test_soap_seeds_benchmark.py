@@ -11,7 +11,16 @@ import torch
 
 from benchmarks import soap_seeds
 from benchmarks.nanogpt_matrix_runs import QUICK, job_for, perturb, run_one
-from benchmarks.soap_seeds import CAMPAIGN_SEEDS, EXTENDED, EXTRA_SEEDS, FLOOR_KEY, PERTURBATION, jobs, summarize
+from benchmarks.soap_seeds import (
+    CAMPAIGN_SEEDS,
+    EXTENDED,
+    EXTRA_SEEDS,
+    FLOOR_KEY,
+    PERTURBATION,
+    SYMMETRY_PAIRS,
+    jobs,
+    summarize,
+)
 
 CHOSEN = {arm: {"lr": 0.01 * (i + 1), "weight_decay": 0.05} for i, arm in enumerate(EXTENDED)}
 
@@ -95,6 +104,28 @@ def test_the_floor_pairs_the_perturbed_runs_and_soap_heavyball_with_the_campaign
     assert set(out["arms"]["soap"]) == {"label", "lr", "weight_decay", "seeds_3"}  # soap_heavyball has 3 seeds
     md = soap_seeds.markdown({"reference": out}, [], 15)
     assert "| heavyball's SOAP, perturbed | +0.0020, -0.0010, +0.0050 |" in md
+
+
+def test_each_kind_on_the_true_symmetry_is_paired_with_itself_on_the_muon_style_spec() -> None:
+    finals = {arm: [1.55] * 6 for arm in EXTENDED}
+    finals["symo_soap_gpt_true"] = [1.56, 1.55, 1.57, 1.56, 1.565, 1.555]
+    finals["symo_soap_gpt_muon"] = [1.55, 1.545, 1.55, 1.56, 1.55, 1.55]
+    out = summarize(_records(finals, {arm: 1.6 for arm in EXTENDED}), CHOSEN)
+    pairs = {pair["kind"]: pair for pair in out["symmetry"]}
+    assert set(pairs) == {kind for kind, _, _ in SYMMETRY_PAIRS} == {"soap", "SOAP-Muon"}
+    d = [a - b for a, b in zip(finals["symo_soap_gpt_true"], finals["symo_soap_gpt_muon"])]
+    assert pairs["soap"]["true_minus_muon_style_ci95"] == pytest.approx(_t_interval(d))
+    assert pairs["SOAP-Muon"]["true_minus_muon_style_ci95"] == pytest.approx([0.0, 0.0])
+    md = soap_seeds.markdown({"data_rich": out}, [], 48)
+    assert "## data_rich: does the true symmetry help SOAP" in md
+    true, muon_style = finals["symo_soap_gpt_true"], finals["symo_soap_gpt_muon"]
+    row = "| soap | {:.4f} ± {:.4f} | {:.4f} ± {:.4f} | [{:+.4f}, {:+.4f}] |".format(
+        statistics.mean(true), statistics.stdev(true), statistics.mean(muon_style), statistics.stdev(muon_style),
+        *_t_interval(d))
+    assert row in md
+    del finals["symo_soap_muon_gpt_true"][5]  # five seeds: no pair for SOAP-Muon, and no six-seed table at all
+    out = summarize(_records(finals, {arm: 1.6 for arm in EXTENDED}), CHOSEN)
+    assert [pair["kind"] for pair in out["symmetry"]] == ["soap"]
 
 
 def test_the_perturbation_is_relative_seeded_and_changes_a_run_by_little() -> None:
