@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from symo.infer import handlers, ops, ops_nn
+from symo.infer import handlers, ops, ops_nn, ops_shape
 from symo.infer.trace import Tracer
 
-MODULES = ["symo.infer", "symo.infer.axes", "symo.infer.trace", "symo.infer.ops", "symo.infer.ops_nn",
-           "symo.infer.handlers", "symo.infer.layout", "symo.infer.names", "symo.infer.verify",
+MODULES = ["symo.infer", "symo.infer.axes", "symo.infer.trace", "symo.infer.ops", "symo.infer.ops_shape",
+           "symo.infer.ops_nn", "symo.infer.handlers", "symo.infer.layout", "symo.infer.names", "symo.infer.verify",
            "symo.infer.inference"]
 # rooms above spec inference, and the sibling rooms of room 3: symo.infer imports none of them
 HIGHER = ["symo.optim", "symo.train", "symo.cli", "symo.experiments", "symo.hessian", "symo.laplace", "symo.gauge"]
@@ -62,8 +62,11 @@ def test_package_imports_no_higher_room() -> None:
 
 
 def test_operation_table_is_the_union_of_the_handler_modules() -> None:
-    assert not ops.HANDLERS.keys() & ops_nn.HANDLERS.keys()  # so the join's order picks no winner
-    assert handlers.HANDLERS == {**ops.HANDLERS, **ops_nn.HANDLERS}
+    tables = [ops.HANDLERS, ops_shape.HANDLERS, ops_nn.HANDLERS]
+    for i, a in enumerate(tables):  # no name in two tables, so the join's order picks no winner
+        for b in tables[i + 1:]:
+            assert not a.keys() & b.keys()
+    assert handlers.HANDLERS == {**ops.HANDLERS, **ops_shape.HANDLERS, **ops_nn.HANDLERS}
     assert {"linear", "add", "view", "cat", "layer_norm", "conv2d"} <= handlers.HANDLERS.keys()
     assert [key for key, _ in handlers.PREFIX_HANDLERS] == ["max_pool", "avg_pool", "adaptive_avg_pool",
                                                             "adaptive_max_pool", "lp_pool"]

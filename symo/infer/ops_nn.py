@@ -1,6 +1,6 @@
 """Handlers for layers: linear maps, attention, embeddings, normalisation, convolution and pooling.
 
-See symo/infer/ops.py for the element-wise and shape handlers and the conventions.
+See symo/infer/ops.py and symo/infer/ops_shape.py for the element-wise and shape handlers and the conventions.
 
 A handler gets the operation's arguments and its real output, unifies, refines, pins or caps the atoms
 of the tensors involved, and records the output's atoms and parity. Raising NotImplementedError makes
