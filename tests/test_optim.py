@@ -238,7 +238,7 @@ def _ns_shift(a, damping, absolute):
 def test_newton_schulz_backend_for_stored_statistics():
     """Absolute damping: the newton_schulz backend takes eigh (the iteration converges to (A + damping I)^{-1/2}
     and cannot map zeros to zero, as the absolute convention does), so both backends agree bit for bit.
-    (The iteration itself: tests/test_optim_options.py.)"""
+    (The iteration itself: tests/test_optim_backends.py.)"""
     torch.manual_seed(0)
     m1 = MLP((8, 16, 12, 4)).double()
     m2 = copy.deepcopy(m1)

@@ -1,7 +1,7 @@
 """Symo's API around the update: reports, validation, parameter lists, state, the built-in AdamW.
 
-Companion of tests/test_optim_options.py (which holds the update itself against references); each test here
-checks one behaviour against a hand-computed value or a documented message.
+Companion of tests/test_optim_options.py and tests/test_optim_backends.py (which hold the update itself against
+references); each test here checks one behaviour against a hand-computed value or a documented message.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 - notebook: the authors' prototype algorithm for one signed-permutation hidden space on a bias-free MLP,
   written out below with numpy (float64 EMA with bias correction, square root by eigh with negative
   eigenvalues clamped to zero, pseudo-inverse of the root), lr alpha * beta^t, no momentum.
-- muon: the reference Muon bit for bit, square layers included (tests/test_optim_options.py).
+- muon: the reference Muon bit for bit, square layers included (tests/test_optim_backends.py).
 - shampoo: a running sum started at eps I and its exact inverse square root, per block.
 """
 
