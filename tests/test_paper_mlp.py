@@ -1,5 +1,5 @@
 """benchmarks/paper_mlp.py: a tiny end-to-end run (JSON keys, finite losses) and its two hand-written
-baselines against dense float64 formulas."""
+baselines (benchmarks/paper_mlp_baselines.py) against dense float64 formulas."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks import paper_mlp as pm
+from benchmarks.paper_mlp_baselines import KFAC, Shampoo
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = {"sizes": (6, 5, 4), "n_train": 40, "n_test": 30}
@@ -48,7 +49,7 @@ def test_problem_is_the_teacher_student_setup():
 def test_shampoo_step_is_the_two_sided_inverse_fourth_root():
     torch.manual_seed(0)
     net = pm.Net((5, 4, 3), "tanh").double()
-    opt = pm.Shampoo(net, lr=0.5, eps=1e-3)
+    opt = Shampoo(net, lr=0.5, eps=1e-3)
     w0 = [net.fc1.weight.detach().clone(), net.fc2.weight.detach().clone()]
     grads = [torch.randn_like(w) for w in w0]
     for _ in range(2):  # two steps with the same gradient: sums 2 G G^T + eps I
@@ -85,7 +86,7 @@ def test_kfac_step_is_the_kronecker_inverse():
         # row-major vec(G^-1 grad A^-1) = (G^-1 (x) A^-T) vec(grad)
         kron = torch.kron(torch.linalg.inv(fg).contiguous(), torch.linalg.inv(fa).T.contiguous())
         expected.append(w.detach() - lr * (kron @ grad.reshape(-1)).reshape(grad.shape))
-    opt = pm.KFAC(net, lr=lr, damping=d)
+    opt = KFAC(net, lr=lr, damping=d)
     net.cache = []
     opt.backward(pm.mse(net(x), y))
     opt.step()
