@@ -1,4 +1,4 @@
-"""symo.align, interpolate, repair, barrier and the `symo align` / `symo merge` commands, against
+"""symo.align, interpolate, repair and barrier (the `symo align` / `symo merge` commands: test_align_cli.py), against
 independent references: a model moved by a known group element (the element found must be its inverse),
 forward passes (the aligned model computes the other's function), exhaustive enumeration of S_4 and B_3
 with the objective written out by hand, the nuclear norm (the Procrustes optimum), closed-form statistics
@@ -20,8 +20,6 @@ from torch import nn
 import symo
 from symo.alignment import AlignError, AlignWarning, align, barrier, interpolate, repair
 from symo.alignment.matching import weight_matching
-from symo.cli import main
-from symo.train.checkpoint import save_checkpoint
 from symo.train.models import GPT, MLP, Factored, GPTConfig
 from symo.train.rnn import RNN
 
@@ -351,80 +349,6 @@ def test_barrier_matches_the_closed_form_path() -> None:
     assert res.midpoint("loss") == res.values["loss"][2]
     same = barrier(a, a, loss_fn, data, alphas=3)
     assert same.barrier("loss") == pytest.approx(0.0, abs=1e-12)
-
-
-# ---------------------------------------------------------------- the command line
-def _save_pair(tmp_path, factory, spec_seeds=(0, 1)):
-    paths = []
-    for s in spec_seeds:
-        torch.manual_seed(s)
-        path = tmp_path / f"m{s}.pt"
-        torch.save(factory().state_dict(), path)
-        paths.append(str(path))
-    return paths
-
-
-def test_cli_align_and_merge_state_dicts(tmp_path, capsys) -> None:
-    a, b = _save_pair(tmp_path, lambda: MLP((8, 16, 16, 4), act="relu"))
-    out = tmp_path / "b_aligned.pt"
-    model = ["--model", "symo.train.models:mlp_relu", "--spec", "mlp_relu", "--no-progress"]
-    assert main(["align", a, b, *model, "-o", str(out)]) == 0
-    assert "objective" in capsys.readouterr().out
-    aligned, original = MLP((8, 16, 16, 4), act="relu"), MLP((8, 16, 16, 4), act="relu")
-    aligned.load_state_dict(torch.load(out, weights_only=True))
-    original.load_state_dict(torch.load(b, weights_only=True))
-    x = torch.randn(5, 8)
-    assert torch.allclose(aligned(x), original(x), atol=1e-5)
-    merged = tmp_path / "merged.pt"
-    assert main(["merge", a, b, *model, "--alpha", "0.5", "-o", str(merged)]) == 0
-    first = MLP((8, 16, 16, 4), act="relu")
-    first.load_state_dict(torch.load(a, weights_only=True))
-    want = interpolate(first, aligned, 0.5).state_dict()
-    got = torch.load(merged, weights_only=True)
-    assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
-
-
-def test_cli_reads_symo_train_checkpoints_without_model(tmp_path, capsys) -> None:
-    options = {"block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 32, "bias": True}
-    paths = []
-    for s in (0, 1):
-        torch.manual_seed(s)
-        gpt = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=5, block_size=8))
-        paths.append(str(save_checkpoint(tmp_path / f"run{s}" / "ckpt.pt", {
-            "model": gpt.state_dict(), "optimizer": {}, "settings": {"vocab": "abcde"}, "options": options})))
-    assert main(["align", *paths, "--no-progress"]) == 0
-    out = tmp_path / "run1" / "ckpt_aligned.pt"
-    blob = torch.load(out, weights_only=True)
-    assert blob["options"] == options and "optimizer" not in blob
-    assert "spec inferred" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("case", ["not a model", "shapes", "spec covers none", "output is an input"])
-def test_cli_bad_input_writes_nothing(tmp_path, capsys, case) -> None:
-    a, b = _save_pair(tmp_path, lambda: MLP((8, 16, 16, 4), act="relu"))
-    out = tmp_path / "out.pt"
-    args = ["align", a, b, "--model", "symo.train.models:mlp_relu", "--spec", "mlp_relu", "-o", str(out)]
-    if case == "not a model":
-        torch.save({"step": 3, "note": "no tensors"}, b)
-        message = "not a model checkpoint"
-    elif case == "shapes":
-        torch.save(MLP((8, 12, 16, 4)).state_dict(), b)
-        message = "does not fit --model"
-    elif case == "spec covers none":
-        args[args.index("mlp_relu", 5)] = "gpt_true"
-        message = "covers none"
-    else:
-        args[-1] = b
-        message = "is one of the inputs"
-    if case == "output is an input":
-        with pytest.raises(SystemExit) as exit_info:
-            main(args)
-        code = exit_info.value.code
-    else:
-        code = main(args)
-    assert code == 2
-    assert message in capsys.readouterr().err
-    assert not out.exists() and not list(tmp_path.glob(".*tmp*"))
 
 
 def test_facade_names() -> None:
