@@ -1,6 +1,7 @@
 """The cases of tests/test_compiler_oracles.py, each written twice: as a spec (what the library compiles) and as
 an oracle layout (tests/oracles.py's own description, which never goes through the spec language); and the
-helpers that build a case's compiled spec, its dense group elements and random tensors. float64 throughout."""
+helpers that build a case's compiled spec, its dense group elements and random tensors (also used by
+test_compiler_closed_forms.py). float64 throughout."""
 
 from __future__ import annotations
 
