@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from symo.train import TrainConfig
-from symo.train.models import MLP
+from symo.train.checkpoint import save_checkpoint
+from symo.train.models import GPT, MLP, GPTConfig
 
 F64 = torch.float64
 
@@ -39,6 +40,16 @@ def mlp_data(seed: int = 1):
 def mse_loss(model, x, y):
     """The mean squared error of model(x) against y."""
     return ((model(x) - y) ** 2).mean()
+
+
+def bias_free_mlp_with_gradient():
+    """A float64 bias-free MLP, its data, the gradient at its start (then zeroed) and its start weights."""
+    model = MLP(SIZES, bias=False).double()
+    x, y = mlp_data()
+    mse_loss(model, x, y).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    return model, x, y, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def sensing_loss(m=10, n=8, k=3, count=60, seed=0):
@@ -177,3 +188,15 @@ res = "perm"
 "transformer.ln_f.weight" = ["res"]
 "transformer.ln_f.bias" = ["res"]
 """
+
+
+def gpt_checkpoints(tmp_path: Path, seeds=(0, 1)) -> tuple[list[str], dict]:
+    """`symo train` checkpoints (run{seed}/ckpt.pt) of a 1-layer GPT, one per seed, and the options they record."""
+    options = {"block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 32, "bias": True}
+    paths = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        gpt = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=5, block_size=8))
+        paths.append(str(save_checkpoint(tmp_path / f"run{seed}" / "ckpt.pt", {
+            "model": gpt.state_dict(), "optimizer": {}, "settings": {"vocab": "abcde"}, "options": options})))
+    return paths, options

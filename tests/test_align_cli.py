@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cases import gpt_checkpoints
 
 from symo.alignment import interpolate
 from symo.cli import main
-from symo.train.checkpoint import save_checkpoint
-from symo.train.models import GPT, MLP, GPTConfig
+from symo.train.models import MLP
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -47,13 +47,7 @@ def test_cli_align_and_merge_state_dicts(tmp_path, capsys) -> None:
 
 
 def test_cli_reads_symo_train_checkpoints_without_model(tmp_path, capsys) -> None:
-    options = {"block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 32, "bias": True}
-    paths = []
-    for s in (0, 1):
-        torch.manual_seed(s)
-        gpt = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=5, block_size=8))
-        paths.append(str(save_checkpoint(tmp_path / f"run{s}" / "ckpt.pt", {
-            "model": gpt.state_dict(), "optimizer": {}, "settings": {"vocab": "abcde"}, "options": options})))
+    paths, options = gpt_checkpoints(tmp_path)
     assert main(["align", *paths, "--no-progress"]) == 0
     out = tmp_path / "run1" / "ckpt_aligned.pt"
     blob = torch.load(out, weights_only=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cases import gpt_checkpoints
 from helpers import inverse_element
 from torch import nn
 
@@ -20,7 +21,6 @@ import symo
 from symo.alignment import AlignError, align
 from symo.alignment.matching import weight_matching
 from symo.cli import main
-from symo.train.checkpoint import save_checkpoint
 from symo.train.models import GPT, MLP, GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
@@ -103,13 +103,7 @@ def test_a_perm_head_owner_compiles_and_aligns_a_gpt(tmp_path: Path) -> None:
 
 
 def test_cli_aligns_with_a_perm_head_owner(tmp_path: Path, capsys) -> None:
-    options = {"block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 32, "bias": True}
-    paths = []
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        gpt = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=5, block_size=8))
-        paths.append(str(save_checkpoint(tmp_path / f"run{seed}" / "ckpt.pt", {
-            "model": gpt.state_dict(), "optimizer": {}, "settings": {"vocab": "abcde"}, "options": options})))
+    paths, _ = gpt_checkpoints(tmp_path)
     out = tmp_path / "out.pt"
     args = ["align", *paths, "--spec", str(_perm_heads_spec(tmp_path)), "--size", "dqk{i}=16", "--size", "dvo{i}=16",
             "--no-progress", "-o", str(out)]

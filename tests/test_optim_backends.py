@@ -10,22 +10,12 @@ import math
 
 import pytest
 import torch
-from cases import MUON, SIZES, mlp_data, mse_loss
+from cases import MUON, bias_free_mlp_with_gradient, mlp_data, mse_loss
 from helpers import ref_power, rel
 from references import ReferenceMuon, newton_schulz
 
 from symo.optim import Symo, SymoConfig
 from symo.train.models import MLP
-
-
-def _bias_free_with_gradient():
-    """A float64 bias-free MLP, its data, the gradient at its start (then zeroed) and its start weights."""
-    model = MLP(SIZES, bias=False).double()
-    x, y = mlp_data()
-    mse_loss(model, x, y).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    return model, x, y, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def test_auto_backend_switches_to_newton_schulz_above_eigh_max_size():
@@ -35,7 +25,7 @@ def test_auto_backend_switches_to_newton_schulz_above_eigh_max_size():
     fc2 (8 x 6, Gram side 6 > 5) is sqrt(rows) times Muon's quintic of G, far from the exact polar factor.
     """
     torch.manual_seed(0)
-    model, x, y, grads, before = _bias_free_with_gradient()
+    model, x, y, grads, before = bias_free_mlp_with_gradient()
     opt = Symo(model.named_parameters(), MUON, lr=1.0, beta1=0.0, damping=0.0, eigh_max_size=5)
     report = opt.describe()
     assert "backend=newton_schulz (iterate); fc2.weight" in report
@@ -86,7 +76,7 @@ def test_newton_schulz_backend_for_stored_statistics_is_the_coupled_inverse_root
     torch.manual_seed(0)
     damping = 0.05
     for backend in ("newton_schulz", "auto"):
-        model, x, y, grads, before = _bias_free_with_gradient()
+        model, x, y, grads, before = bias_free_mlp_with_gradient()
         opt = Symo(model.named_parameters(), MUON, preconditioner="root", lr=1.0, beta1=0.0, beta2=0.9, damping=damping,
                    eigh_max_size=6, ns_inverse_steps=60, backend=backend)
         assert f"backend={'newton_schulz' if backend != 'auto' else 'eigh'}; fc2.weight" in opt.describe()
@@ -130,12 +120,7 @@ def test_update_scale_muon_on_the_exact_backend_is_muons_scale():
     """eigh backend, muon scale: sqrt(max(1, rows / cols)) U V^T, for a tall (8 x 5), a wide (6 x 8) and a
     3 x 6 layer; the natural scale would be sqrt(rows) U V^T."""
     torch.manual_seed(0)
-    model = MLP(SIZES, bias=False).double()
-    x, y = mlp_data()
-    mse_loss(model, x, y).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model, x, y, grads, before = bias_free_mlp_with_gradient()
     opt = Symo(model.named_parameters(), MUON, lr=1.0, beta1=0.0, damping=0.0, backend="eigh", update_scale="muon")
     mse_loss(model, x, y).backward()
     opt.step()

@@ -15,7 +15,19 @@ import copy
 import pytest
 import torch
 from block_reference import BlockLayout, ReferenceSymo  # noqa: E402
-from cases import FACTORED, MUON, PER_HEAD, RELU, SIZES, SPECS, TANH, mlp_data, mse_loss, sensing_loss
+from cases import (
+    FACTORED,
+    MUON,
+    PER_HEAD,
+    RELU,
+    SIZES,
+    SPECS,
+    TANH,
+    bias_free_mlp_with_gradient,
+    mlp_data,
+    mse_loss,
+    sensing_loss,
+)
 from helpers import rel
 
 from symo.optim import Symo
@@ -176,12 +188,7 @@ def test_geometric_mean_muon_scale_on_rectangular_layers():
     """Rows # columns specs with update_scale="muon": the first step of two-sided Shampoo is U V^T, and the
     muon scale gives sqrt(max(1, rows / cols)) U V^T (applied once, by the first spec) for tall and wide layers."""
     torch.manual_seed(0)
-    model = MLP(SIZES, bias=False).double()
-    x, y = mlp_data()
-    mse_loss(model, x, y).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model, x, y, grads, before = bias_free_mlp_with_gradient()
     opt = Symo(model.named_parameters(), SPECS / "shampoo_rows.toml", preconditioner="root", lr=1.0, beta1=0.0,
                beta2=1.0,
                geometric_mean_with=SPECS / "shampoo_cols.toml", damping=0.0, update_scale="muon")
