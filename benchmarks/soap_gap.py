@@ -1,6 +1,6 @@
 """SOAP's conventions and settings, one change at a time, on the nanoGPT reference regime.
 
-Two studies, each at its preset's tuned rate and decay on the gpt_muon spec, for the campaign's three seeds (same
+Three studies, each at its preset's tuned rate and decay on the gpt_muon spec, for the campaign's three seeds (same
 initialization and batches), each variant paired with its study's base seed by seed:
 
 - `soap`: which convention separates the authors' SOAP from heavyball's. In benchmarks/results/nanogpt_matrix.md,
@@ -13,12 +13,15 @@ initialization and batches), each variant paired with its study's base seed by s
   `adam_beta2`; the Kronecker statistics, `beta2`; both 0.95 as in SOAP) moves `symo train`'s default step
   closer to reaching Muon's loss in 0.85x Muon's steps. At 4096 tokens a step the gradient is noisy, and an
   average over about 20 steps is a noisy estimate of either.
+- `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
+  with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 20 runs of about 10 minutes on 2 workers (about 1 h 40 min)
+    python -m benchmarks.soap_gap              # 29 runs of about 10 minutes on 2 workers (about 2 h 30 min)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
-Runs the campaign already made (each study's base, `soap_heavyball`'s seed 0) are read from its run cache; new
-runs go to benchmarks/results/soap_gap_runs.json. Writes soap_gap.{md,json,png}.
+Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0) are read from
+its run cache; a variant two studies name is one run; new runs go to benchmarks/results/soap_gap_runs.json.
+Writes soap_gap.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from benchmarks.nanogpt_matrix_runs import (
     job_for,
     runs_beside_the_campaign,
 )
+from symo.optim import PowerQR
 
 NAME = "soap_gap"
 REGIME, SEEDS = "reference", (0, 1, 2)
@@ -77,6 +81,18 @@ STUDIES: dict[str, Study] = {
                                  {**SOAP_MUON, "beta2": 0.99}),
         "soap_muon_both_0.99": ("SOAP-Muon, adam_beta2 and beta2 0.99", None,
                                 {**SOAP_MUON, "adam_beta2": 0.99, "beta2": 0.99}),
+    }),
+    "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
+        "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
+                               {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
+        "soap_hb_phase": ("+ the refresh one step earlier (refresh_phase heavyball)", None,
+                          {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2, "refresh_phase": "heavyball"}),
+        "soap_hb_clamp": ("+ eps as a clamp (eps_placement clamp)", None,
+                          {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2, "eps_placement": "clamp"}),
+        "soap_hb_qr_shift": ("+ the shifted QR step (refresh PowerQR(lift=1e-8))", None,
+                             {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2,
+                              "refresh": PowerQR(lift=1e-8)}),
+        "soap_heavyball": ("soap_heavyball (all three)", "symo_soap_heavyball_gpt_muon", {"preset": "soap_heavyball"}),
     }),
 }
 
@@ -172,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         if job["key"] in found:
             records[job["study"]][job["variant"]].append(found[job["key"]])
     muon_final, muon_steps = muon_reference(campaign)
-    n_runs = sum(len(runs) for study in records.values() for runs in study.values())
+    n_runs = len({job["key"] for job in todo if job["key"] in found})  # a run two studies share counts once
     md = [
         "# SOAP's conventions and settings on nanoGPT, one change at a time",
         "",
-        f"Command: `python -m benchmarks.soap_gap` ({n_runs} runs; each study's base runs and soap_heavyball's "
-        "seed 0 come from the campaign's run cache)",
+        f"Command: `python -m benchmarks.soap_gap` ({n_runs} runs; the soap and soap_muon studies' base "
+        "runs and soap_heavyball's seed 0 come from the campaign's run cache)",
         "",
         f"The nanoGPT campaign's {REGIME} regime (benchmarks/nanogpt_matrix.py), the gpt_muon spec, seeds "
         f"{', '.join(map(str, SEEDS))}; each variant changes what its row says and nothing else. `diff to base` is "

@@ -26,7 +26,12 @@ def test_campaign_runs_are_reused_and_the_others_carry_their_own_configuration(t
     campaign.put(campaign_key, {"final_val": 1.5})
     again = next(job for job in jobs(campaign) if job["variant"] == "soap" and job["seed"] == 0)
     assert again["key"] == campaign_key and "arm_config" not in again
-    assert len({job["key"] for job in jobs(campaign)}) == len(planned)
+    # one run per variant and seed: a variant two studies name (each study's base is a row of another) is one run
+    assert len({job["key"] for job in jobs(campaign)}) == len({(job["variant"], job["seed"]) for job in planned})
+    for variant in {job["variant"] for job in planned}:
+        named = [(study.lr, study.wd, study.variants[variant][1:]) for study in STUDIES.values()
+                 if variant in study.variants]
+        assert all(entry == named[0] for entry in named), variant
 
 
 def test_each_variant_changes_the_soap_preset_where_it_says() -> None:
@@ -75,3 +80,25 @@ def test_the_table_pairs_each_variant_with_soap_seed_by_seed() -> None:
     assert data["soap"]["steps_to_muon_final"] is None  # its seed mean ends at 1.55, above Muon's 1.547
     assert "| not reached |" in table
     assert "soap, beta1 0.9 | 0 of 3 seeds" in table
+
+
+def test_each_heavyball_detail_is_added_alone_and_all_three_are_soap_heavyball() -> None:
+    from symo.optim import PowerQR
+    from symo.optim.presets import get_preset
+
+    study = STUDIES["heavyball_details"]
+    assert study.base == "soap_both_defaults" and (study.lr, study.wd) == (SOAP.lr, SOAP.wd)
+    base = study.variants[study.base][2]
+    assert base == SOAP.variants["soap_both_defaults"][2]
+    added = {variant: {k: v for k, v in options.items() if base.get(k) != v}
+             for variant, (_, _, options) in study.variants.items() if variant not in (study.base, "soap_heavyball")}
+    assert added == {"soap_hb_phase": {"refresh_phase": "heavyball"}, "soap_hb_clamp": {"eps_placement": "clamp"},
+                     "soap_hb_qr_shift": {"refresh": PowerQR(lift=1e-8)}}
+    # the preset soap_heavyball is soap with heavyball's two defaults and these three details, and nothing else
+    # that acts on the campaign's GPT (max_precond_dim 2048 against 10000: its sides are at most 512)
+    soap, heavyball = get_preset("soap").values, get_preset("soap_heavyball").values
+    merged = {**soap, **{k: v for k, v in base.items() if k != "preset"}}
+    for change in added.values():
+        merged.update(change)
+    differ = {k for k in soap.keys() | heavyball.keys() if merged.get(k) != heavyball.get(k)}
+    assert differ == {"max_precond_dim"} and study.variants["soap_heavyball"][2] == {"preset": "soap_heavyball"}
