@@ -45,8 +45,9 @@ def test_each_variant_changes_the_soap_preset_where_it_says() -> None:
     assert SOAP.variants["soap_heavyball"][2] == {"preset": "soap_heavyball"}
 
 
-def test_each_soap_muon_variant_lengthens_the_averages_its_label_names() -> None:
+def test_each_soap_muon_variant_changes_what_its_label_names() -> None:
     from benchmarks.nanogpt_matrix_runs import ARMS
+    from symo.optim import PowerQR
     from symo.optim.presets import get_preset
 
     study = STUDIES["soap_muon"]
@@ -58,7 +59,8 @@ def test_each_soap_muon_variant_lengthens_the_averages_its_label_names() -> None
                for variant, (_, _, options) in study.variants.items()}
     assert changed == {"soap_muon": {}, "soap_muon_adam_beta2_0.99": {"adam_beta2": 0.99},
                        "soap_muon_beta2_0.99": {"beta2": 0.99},
-                       "soap_muon_both_0.99": {"adam_beta2": 0.99, "beta2": 0.99}}
+                       "soap_muon_both_0.99": {"adam_beta2": 0.99, "beta2": 0.99},
+                       "soap_muon_qr_shift": {"refresh": PowerQR(lift=1e-8)}}
 
 
 def _runs(finals: list[float], curve_shift: float) -> list[dict]:
