@@ -194,3 +194,13 @@ def singular_values_of_updates(**options) -> tuple[list[torch.Tensor], str]:
         out.append(torch.linalg.svdvals((before - w.detach()) / 0.1))
     (backend,) = re.findall(r", backend=([^;]+);", opt.describe())
     return out, backend
+
+
+def assert_update_is_muons_polar(model: torch.nn.Module, grads: dict[str, torch.Tensor],
+                                 before: dict[str, torch.Tensor], tol: float) -> None:
+    """Each parameter moved (lr 1) by sqrt(max(1, rows / cols)) U V^T of its first gradient: Muon's scaled polar
+    factor."""
+    for n, g in grads.items():
+        u, _, vh = torch.linalg.svd(g, full_matrices=False)
+        upd = before[n] - model.get_parameter(n).detach()
+        assert rel(upd, max(1.0, g.shape[0] / g.shape[1]) ** 0.5 * u @ vh) < tol, n

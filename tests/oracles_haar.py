@@ -55,6 +55,20 @@ def haar_moment(m: int, n: int) -> torch.Tensor:
     raise ValueError(f"moments of degree {m} are not implemented")
 
 
+def _subscripts(axes, letters) -> tuple[list[str], list[str], list[str], list[str]]:
+    """A parameter's einsum letters, drawn from `letters`: (the Haar moment's input and output letters of its "h"
+    axes, the parameter's own subscript, the result's subscript). A free axis keeps one letter in both."""
+    ins, outs, sub, res = [], [], [], []
+    for axis in axes:
+        if axis == "h":
+            i, a = next(letters), next(letters)
+            outs.append(i), ins.append(a), sub.append(a), res.append(i)
+        else:
+            f = next(letters)
+            sub.append(f), res.append(f)
+    return ins, outs, sub, res
+
+
 def haar_orbit_average(n: int, params: Sequence[tuple[str, Sequence[int], Sequence[str]]],
                        v: torch.Tensor) -> torch.Tensor:
     """E_Q[A_Q v v^T A_Q^T] exactly, for Haar Q in O(n) acting on every axis named "h" (other axes
@@ -68,22 +82,8 @@ def haar_orbit_average(n: int, params: Sequence[tuple[str, Sequence[int], Sequen
     for p, (_, _, ap) in enumerate(params):
         row = []
         for q, (_, _, aq) in enumerate(params):
-            ins_p, outs_p, vp_sub, res_p = [], [], [], []
-            for axis in ap:
-                if axis == "h":
-                    i, a = next(letters), next(letters)
-                    outs_p.append(i), ins_p.append(a), vp_sub.append(a), res_p.append(i)
-                else:
-                    f = next(letters)
-                    vp_sub.append(f), res_p.append(f)
-            ins_q, outs_q, vq_sub, res_q = [], [], [], []
-            for axis in aq:
-                if axis == "h":
-                    i, a = next(letters), next(letters)
-                    outs_q.append(i), ins_q.append(a), vq_sub.append(a), res_q.append(i)
-                else:
-                    f = next(letters)
-                    vq_sub.append(f), res_q.append(f)
+            ins_p, outs_p, vp_sub, res_p = _subscripts(ap, letters)
+            ins_q, outs_q, vq_sub, res_q = _subscripts(aq, letters)
             moment = haar_moment(len(outs_p) + len(outs_q), n)
             msub = "".join(outs_p + outs_q + ins_p + ins_q)
             expr = f"{msub},{''.join(vp_sub)},{''.join(vq_sub)}->{''.join(res_p + res_q)}"

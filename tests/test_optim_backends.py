@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from cases import MUON, bias_free_mlp_with_gradient, mlp_data, mse_loss
-from helpers import ref_power, rel
+from helpers import assert_update_is_muons_polar, ref_power, rel
 from references import ReferenceMuon, newton_schulz
 
 from symo.optim import Symo, SymoConfig
@@ -124,10 +124,7 @@ def test_update_scale_muon_on_the_exact_backend_is_muons_scale():
     opt = Symo(model.named_parameters(), MUON, lr=1.0, beta1=0.0, damping=0.0, backend="eigh", update_scale="muon")
     mse_loss(model, x, y).backward()
     opt.step()
-    for n, g in grads.items():
-        u, _, vh = torch.linalg.svd(g, full_matrices=False)
-        upd = before[n] - model.get_parameter(n).detach()
-        assert rel(upd, max(1.0, g.shape[0] / g.shape[1]) ** 0.5 * u @ vh) < 1e-10, n
+    assert_update_is_muons_polar(model, grads, before, tol=1e-10)
 
 
 @pytest.mark.parametrize("sizes,options", [

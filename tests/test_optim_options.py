@@ -28,7 +28,7 @@ from cases import (
     mse_loss,
     sensing_loss,
 )
-from helpers import rel
+from helpers import assert_update_is_muons_polar, rel
 
 from symo.optim import Symo
 from symo.train.models import MLP, Factored
@@ -194,10 +194,7 @@ def test_geometric_mean_muon_scale_on_rectangular_layers():
                geometric_mean_with=SPECS / "shampoo_cols.toml", damping=0.0, update_scale="muon")
     mse_loss(model, x, y).backward()
     opt.step()
-    for n, g in grads.items():
-        u, _, vh = torch.linalg.svd(g, full_matrices=False)
-        upd = before[n] - model.get_parameter(n).detach()
-        assert rel(upd, max(1.0, g.shape[0] / g.shape[1]) ** 0.5 * u @ vh) < 1e-8, n
+    assert_update_is_muons_polar(model, grads, before, tol=1e-8)
 
 
 def test_adamw_scale_is_per_head_for_batched_blocks():
