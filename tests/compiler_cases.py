@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import oracles as O
+import oracles_dense as OD
 import torch
 from cases import MLP_SPEC
 from helpers import oracle_S
@@ -248,11 +249,11 @@ def grads(case: Case, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
 
 
 def flat(case: Case, tensors: dict) -> torch.Tensor:
-    return O.flatten(tensors, case.names)
+    return OD.flatten(tensors, case.names)
 
 
 def unflat(case: Case, vec: torch.Tensor) -> dict[str, torch.Tensor]:
-    return O.unflatten(vec, case.names, case.covered_shapes)
+    return OD.unflatten(vec, case.names, case.covered_shapes)
 
 
 def case_S(case: Case, tensors: dict) -> torch.Tensor:

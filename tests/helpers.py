@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 
 import oracles as O
+import oracles_dense as OD
 import oracles_haar
 import torch
 from symo.compiler import bind, shapes_of
@@ -79,7 +80,7 @@ def oracle_S(spaces: dict[str, tuple], layout: Sequence, v: torch.Tensor,
     if group == "orthogonal" and any(list(axes).count("h") > 1 for _, _, axes in layout):
         assert len(spaces) == 1, "Haar's moments are implemented for one repeated space named h"
         return oracles_haar.haar_orbit_average(n, layout, v)
-    return O.dense_orbit_average(actions if actions is not None else O.action_matrices(spaces, layout), v)
+    return OD.dense_orbit_average(actions if actions is not None else O.action_matrices(spaces, layout), v)
 
 
 # ---------------------------------------------------------------- inferred specs

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import oracles as O
+import oracles_dense as OD
 import pytest
 import torch
 from compiler_cases import (
@@ -37,8 +38,8 @@ def test_muon_polar_factor(kind: str, shape: tuple[int, int]) -> None:
     assert_near(upd, math.sqrt(m) * polar(G, tol=1e-12))
     if m <= 4:  # and the exhaustive average, for the groups small enough to enumerate
         acts = O.action_matrices({"r": (kind, m, None)}, [("w", shape, ["r", "_"])])
-        S = O.dense_orbit_average(acts, G.reshape(-1))
-        assert_near(upd.reshape(-1), O.dense_power(S, -0.5) @ G.reshape(-1))
+        S = OD.dense_orbit_average(acts, G.reshape(-1))
+        assert_near(upd.reshape(-1), OD.dense_power(S, -0.5) @ G.reshape(-1))
         assert_near(S, torch.kron(torch.eye(m, dtype=D), G.T @ G / m))
 
 
@@ -57,8 +58,8 @@ def test_muon_with_perm_rows_keeps_the_mean_row_apart(shape: tuple[int, int]) ->
     assert_near(upd, expected)
     if m <= 4:
         acts = O.action_matrices({"r": ("perm", m, None)}, [("w", shape, ["r", "_"])])
-        S = O.dense_orbit_average(acts, G.reshape(-1))
-        assert_near(upd.reshape(-1), O.dense_power(S, -0.5) @ G.reshape(-1))
+        S = OD.dense_orbit_average(acts, G.reshape(-1))
+        assert_near(upd.reshape(-1), OD.dense_power(S, -0.5) @ G.reshape(-1))
 
 
 @pytest.mark.parametrize("mnk", [(5, 4, 3), (2, 1, 4), (6, 6, 2)])
@@ -71,14 +72,14 @@ def test_factored_gauge_is_gram_determined(mnk: tuple[int, int, int]) -> None:
     gu, gv = torch.randn(m, k, dtype=D, generator=g), torch.randn(n, k, dtype=D, generator=g)
     upd = compiled.orbit_average({"U": gu, "V": gv}).power(-0.5).matvec({"U": gu, "V": gv})
     Y = torch.cat([gu, gv])
-    expected = math.sqrt(k) * O.dense_power(Y @ Y.T, -0.5) @ Y
+    expected = math.sqrt(k) * OD.dense_power(Y @ Y.T, -0.5) @ Y
     assert_near(torch.cat([upd["U"], upd["V"]]), expected)
     if k <= 3:
         layout = [("U", (m, k), ["_", "k"]), ("V", (n, k), ["_", "k"])]
         acts = O.action_matrices({"k": ("orthogonal", k, None)}, layout)
         x = torch.cat([gu.reshape(-1), gv.reshape(-1)])
-        S = O.dense_orbit_average(acts, x)
-        assert_near(torch.cat([upd["U"].reshape(-1), upd["V"].reshape(-1)]), O.dense_power(S, -0.5) @ x)
+        S = OD.dense_orbit_average(acts, x)
+        assert_near(torch.cat([upd["U"].reshape(-1), upd["V"].reshape(-1)]), OD.dense_power(S, -0.5) @ x)
 
 
 @pytest.mark.parametrize("h2,h1", [(3, 2), (5, 4), (1, 6)])
@@ -106,12 +107,12 @@ def test_relative_damping_on_single_block_layouts(spec: str, shapes: dict, dampi
     assert len(compiled.blocks) == 1
     names = compiled.param_names
     g = {n: torch.randn(*s, dtype=D, generator=gen(17 + i)) for i, (n, s) in enumerate(shapes.items())}
-    x = O.flatten(g, names)
+    x = OD.flatten(g, names)
     S = compiled.orbit_average(g).dense()
     for p in (-0.5, -1.0):
-        expected = O.dense_power(S, p, damping)
+        expected = OD.dense_power(S, p, damping)
         assert_near(compiled.orbit_average(g).power(p, damping).dense(), expected)
-        assert_near(O.flatten(compiled.orbit_average(g).power(p, damping).matvec(g), names), expected @ x)
+        assert_near(OD.flatten(compiled.orbit_average(g).power(p, damping).matvec(g), names), expected @ x)
 
 
 def test_curvatures_of_different_specs_do_not_mix() -> None:

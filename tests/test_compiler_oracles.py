@@ -10,6 +10,7 @@ cases of §5 against their closed forms: test_compiler_closed_forms.py. float64 
 from __future__ import annotations
 
 import oracles as O
+import oracles_dense as OD
 import pytest
 import torch
 from compiler_cases import (
@@ -86,11 +87,11 @@ def test_powers_match_oracle(case: Case, seed: int) -> None:
     S = case_S(case, g)
     cur = compiled.orbit_average(g)
     tol = power_tol(S)
-    inv_sqrt = O.dense_power(S, -0.5)
+    inv_sqrt = OD.dense_power(S, -0.5)
     assert_near(cur.power(-0.5).dense(), inv_sqrt, tol)
     assert_near(flat(case, cur.power(-0.5).matvec(g)), inv_sqrt @ flat(case, g), tol)
     assert_near(cur.power(2).dense(), S @ S)
-    assert_near(cur.power(0.5).dense(), O.dense_power(S, 0.5), tol)
+    assert_near(cur.power(0.5).dense(), OD.dense_power(S, 0.5), tol)
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -98,9 +99,9 @@ def test_centered_average_and_invariant_part(case: Case) -> None:
     compiled, actions = setup(case)
     g = grads(case, 5)
     x = flat(case, g)
-    r1 = O.dense_R1(actions, x)
+    r1 = OD.dense_R1(actions, x)
     assert_near(flat(case, compiled.invariant_part(g)), r1)
-    expected = O.dense_orbit_average(actions, x - r1)
+    expected = OD.dense_orbit_average(actions, x - r1)
     assert_near(compiled.orbit_average(g, centered=True).dense(), expected)
 
 
@@ -119,7 +120,7 @@ def test_zero_and_partly_zero_gradients(case: Case) -> None:
     S = case_S(case, one)
     cur = compiled.orbit_average(one)
     assert_near(cur.dense(), S)
-    assert_near(cur.power(-0.5).dense(), O.dense_power(S, -0.5), power_tol(S))
+    assert_near(cur.power(-0.5).dense(), OD.dense_power(S, -0.5), power_tol(S))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,13 +165,13 @@ def test_power_composition_and_support_projector(case: Case) -> None:
     S_or = case_S(case, g)
     cur = compiled.orbit_average(g)
     tol = power_tol(S_or)
-    pinv = O.dense_power(S_or, -1.0)
+    pinv = OD.dense_power(S_or, -1.0)
     assert_near(cur.power(-0.5).power(2).dense(), pinv, 10 * tol)
     assert_near(cur.power(-1.0).dense(), pinv, 10 * tol)
     assert_near(cur.power(0.5).power(-2).dense(), pinv, 10 * tol)
-    assert_near(cur.power(2).power(0.25).dense(), O.dense_power(S_or, 0.5), tol)
+    assert_near(cur.power(2).power(0.25).dense(), OD.dense_power(S_or, 0.5), tol)
     m = cur.power(-0.5).dense()
-    projector = O.dense_power(S_or, 0.0)  # 1 on the support, 0 off it
+    projector = OD.dense_power(S_or, 0.0)  # 1 on the support, 0 off it
     assert_near(m @ m @ cur.dense(), projector, 10 * tol)
     assert_near(cur.power(-0.5).power(2).dense() @ cur.dense(), projector, 10 * tol)
 
@@ -184,7 +185,7 @@ def test_sums_and_scalars(case: Case) -> None:
     assert_near((S + 0.5 * T).dense(), S.dense() + 0.5 * T.dense())
     assert_near((S + 0.5 * T).dense(), So + 0.5 * To)
     assert_near((S * 2.0 - T).dense(), 2 * So - To)
-    assert_near((S + T).power(-0.5).dense(), O.dense_power(So + To, -0.5), power_tol(So + To))
+    assert_near((S + T).power(-0.5).dense(), OD.dense_power(So + To, -0.5), power_tol(So + To))
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -199,7 +200,7 @@ def test_ema_of_many_root_form_curvatures(case: Case) -> None:
         acc = acc * beta + compiled.orbit_average(g) * (1 - beta)
         expected = beta * expected + (1 - beta) * case_S(case, g)
         assert_near(acc.dense(), expected)
-    assert_near(acc.power(-0.5).dense(), O.dense_power(expected, -0.5), power_tol(expected))
+    assert_near(acc.power(-0.5).dense(), OD.dense_power(expected, -0.5), power_tol(expected))
     info = {b.id: b for b in compiled.blocks}
     for b in first.root_factors:  # roots stay thinner than the block; enough of them turn dense
         assert b in acc.dense_factors or acc.root_factors[b].shape[-1] < info[b].mult

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import oracles as O
+import oracles_dense as OD
 import torch
 from cases import FAMILY, stack_shapes
 from symo.compiler import compile_spec
@@ -50,11 +51,11 @@ def test_three_layer_perm_family_matches_dense_orbit_average() -> None:
                    (f"layers.{i}.fc2.weight", (2, 3), ["_", f"h{i}"])]
     actions = O.action_matrices(spaces, layout)  # 6^3 elements
     g = random(shapes, 0)
-    S = O.dense_orbit_average(actions, O.flatten(g, names))
+    S = OD.dense_orbit_average(actions, OD.flatten(g, names))
     cur = compiled.orbit_average(g)
     torch.testing.assert_close(cur.dense(), S, rtol=0, atol=1e-10)
     v = random(shapes, 1)
-    torch.testing.assert_close(O.flatten(cur.matvec(v), names), S @ O.flatten(v, names), rtol=0, atol=1e-10)
+    torch.testing.assert_close(OD.flatten(cur.matvec(v), names), S @ OD.flatten(v, names), rtol=0, atol=1e-10)
     # the trivial block couples all layers: per layer fc1's 2 columns, the bias, fc2's 2 rows
     trivial = [b for b in compiled.blocks if b.name == "trivial"]
     assert len(trivial) == 1 and trivial[0].mult == 3 * (2 + 1 + 2)

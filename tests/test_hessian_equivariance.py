@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import oracles as O  # noqa: E402
+import oracles_dense as OD  # noqa: E402
 import pytest
 import torch
 from helpers import rel
@@ -53,7 +53,7 @@ def test_hessian_transforms_with_the_group_action(spec, true_symmetry):
     a = dense_action(compiled, element, names, shapes)
     assert torch.allclose(a @ a.T, torch.eye(len(a), dtype=torch.float64), atol=1e-12)   # orthogonal
     moved = compiled.act(element, w)
-    h, h_moved = O.dense_hessian(loss, w, names), O.dense_hessian(loss, moved, names)
+    h, h_moved = OD.dense_hessian(loss, w, names), OD.dense_hessian(loss, moved, names)
     error = rel(h_moved, a @ h @ a.T)
     report = symo.check_symmetry(loss, compiled, w)
     if true_symmetry:

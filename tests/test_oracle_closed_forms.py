@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import oracles as O
+import oracles_dense as OD
 import pytest
 import torch
 
@@ -28,11 +29,11 @@ def test_case1_muon_rows_signed(kind: str) -> None:
     spaces = {"r": (kind, m, None)}
     params = [("W", (m, n), ["r", "_"])]
     G = randn(m, n, seed=10)
-    s = O.dense_orbit_average(O.action_matrices(spaces, params), G.reshape(-1))
+    s = OD.dense_orbit_average(O.action_matrices(spaces, params), G.reshape(-1))
     expected = torch.kron(torch.eye(m, dtype=D), G.T @ G / m)
     torch.testing.assert_close(s, expected, rtol=0, atol=1e-12)
     torch.testing.assert_close(
-        O.dense_R1(O.action_matrices(spaces, params), G.reshape(-1)),
+        OD.dense_R1(O.action_matrices(spaces, params), G.reshape(-1)),
         torch.zeros(m * n, dtype=D),
         rtol=0,
         atol=1e-14,
@@ -46,7 +47,7 @@ def test_case1_haar_monte_carlo() -> None:
     params = [("W", (m, n), ["r", "_"])]
     G = randn(m, n, seed=11)
     g = gen(12)
-    s = O.dense_orbit_average([O.sample_action(spaces, params, g) for _ in range(k)], G.reshape(-1))
+    s = OD.dense_orbit_average([O.sample_action(spaces, params, g) for _ in range(k)], G.reshape(-1))
     expected = torch.kron(torch.eye(m, dtype=D), G.T @ G / m)
     assert torch.linalg.norm(s - expected) / torch.linalg.norm(expected) < 0.1
 
@@ -58,13 +59,13 @@ def test_case1_perm_rows_mean_row_separates() -> None:
     params = [("W", (m, n), ["r", "_"])]
     G = randn(m, n, seed=13)
     acts = O.action_matrices(spaces, params)
-    s = O.dense_orbit_average(acts, G.reshape(-1))
+    s = OD.dense_orbit_average(acts, G.reshape(-1))
     J = torch.ones(m, m, dtype=D)
     P = torch.eye(m, dtype=D) - J / m
     expected = torch.kron(J / m, G.T @ J @ G / m) + torch.kron(P, G.T @ P @ G / (m - 1))
     torch.testing.assert_close(s, expected, rtol=0, atol=1e-12)
     # R1 keeps exactly the mean row.
-    torch.testing.assert_close(O.dense_R1(acts, G.reshape(-1)), (J / m @ G).reshape(-1))
+    torch.testing.assert_close(OD.dense_R1(acts, G.reshape(-1)), (J / m @ G).reshape(-1))
 
 
 def test_case3_hidden_to_hidden_is_scalar() -> None:
@@ -73,7 +74,7 @@ def test_case3_hidden_to_hidden_is_scalar() -> None:
     spaces = {"a": ("signed_perm", h1, None), "b": ("signed_perm", h2, None)}
     params = [("W", (h2, h1), ["b", "a"])]
     G = randn(h2, h1, seed=14)
-    s = O.dense_orbit_average(O.action_matrices(spaces, params), G.reshape(-1))
+    s = OD.dense_orbit_average(O.action_matrices(spaces, params), G.reshape(-1))
     expected = (G**2).sum() / (h1 * h2) * torch.eye(h1 * h2, dtype=D)
     torch.testing.assert_close(s, expected, rtol=0, atol=1e-12)
 
@@ -92,7 +93,7 @@ def test_case6_per_head_gauge() -> None:
     ]
     gq, gk = randn(nh, dh, dm, seed=15), randn(nh, dh, dm, seed=16)
     v = torch.cat([gq.reshape(-1), gk.reshape(-1)])
-    s = O.dense_orbit_average(O.action_matrices(spaces, params), v)
+    s = OD.dense_orbit_average(O.action_matrices(spaces, params), v)
     g = torch.stack([gq, gk])  # (X, head, d_head, d_model)
     gram = torch.einsum("xhcr,yhcs->xhrys", g, g) / dh  # per head: Y_h Y_h^T / dh, Y_h rows (X, r)
     eye_h, eye_c = torch.eye(nh, dtype=D), torch.eye(dh, dtype=D)
@@ -167,7 +168,7 @@ def test_two_space_labels_closed_form() -> None:
         for c, kc in enumerate(ks):
             for c2, kc2 in enumerate(ks):
                 expected += yy[c, c2] * kc @ kc2.T
-    s = O.dense_orbit_average(O.action_matrices(TWO_SPACES, TWO_PARAMS), v)
+    s = OD.dense_orbit_average(O.action_matrices(TWO_SPACES, TWO_PARAMS), v)
     torch.testing.assert_close(s, expected, rtol=0, atol=1e-12)
     # The (s,t) label couples W1 with the column means of W2: a non-zero cross block.
     assert s[0:6, 6:15].abs().max() > 1e-3

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import oracles as O
+import oracles_dense as OD
 import pytest
 import torch
 
@@ -139,7 +140,7 @@ def test_action_shares_one_element_across_parameters() -> None:
     names = [n for n, _, _ in MIXED_PARAMS]
     shapes = [shape for _, shape, _ in MIXED_PARAMS]
     a = O.action_matrix(MIXED_SPACES, MIXED_PARAMS, g)
-    out = O.unflatten(a @ O.flatten(w, names), names, shapes)
+    out = OD.unflatten(a @ OD.flatten(w, names), names, shapes)
     blockq = torch.block_diag(*q)  # head-major (head dqk)
     torch.testing.assert_close(out["W1"], h @ w["W1"])
     torch.testing.assert_close(out["b1"], h @ w["b1"])
@@ -174,7 +175,7 @@ def test_per_space_with_owner_on_another_axis() -> None:
     g = O.random_element(spaces, gen(27))
     t, f = randn(2, 2, 3, seed=28), randn(2, 3, seed=29)
     a = O.action_matrix(spaces, params, g)
-    out = O.unflatten(a @ torch.cat([t.reshape(-1), f.reshape(-1)]), ["T", "F"], [(2, 2, 3), (2, 3)])
+    out = OD.unflatten(a @ torch.cat([t.reshape(-1), f.reshape(-1)]), ["T", "F"], [(2, 2, 3), (2, 3)])
     q = g["d"]
     torch.testing.assert_close(out["T"], torch.stack([q[h] @ t[h] for h in range(2)]))
     expected_f = torch.stack([torch.cat([f[h, :1], q[h] @ f[h, 1:]]) for h in range(2)])
@@ -208,8 +209,8 @@ def test_sample_action_orthogonal() -> None:
 def test_average_is_invariant_and_R1_is_invariant() -> None:
     acts = O.action_matrices(MIXED_SPACES, MIXED_PARAMS)
     v = randn(O.param_size(MIXED_PARAMS), seed=9)
-    s = O.dense_orbit_average(acts, v)
-    r1 = O.dense_R1(acts, v)
+    s = OD.dense_orbit_average(acts, v)
+    r1 = OD.dense_R1(acts, v)
     torch.testing.assert_close(s, s.T, rtol=0, atol=1e-12)
     for a in acts[::5]:
         torch.testing.assert_close(a @ s @ a.T, s, rtol=0, atol=1e-12)
@@ -223,33 +224,33 @@ def test_average_is_invariant_and_R1_is_invariant() -> None:
 
 def test_flatten_unflatten_roundtrip_row_major() -> None:
     w = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([7.0, 8.0])}
-    v = O.flatten(w, ["b", "a"])
+    v = OD.flatten(w, ["b", "a"])
     assert v.dtype == D
     torch.testing.assert_close(v, torch.tensor([7.0, 8.0, 0, 1, 2, 3, 4, 5], dtype=D))
-    back = O.unflatten(v, ["b", "a"], [(2,), (2, 3)])
+    back = OD.unflatten(v, ["b", "a"], [(2,), (2, 3)])
     torch.testing.assert_close(back["a"], w["a"].to(D))
     with pytest.raises(ValueError):
-        O.unflatten(v, ["a"], [(2, 3)])
+        OD.unflatten(v, ["a"], [(2, 3)])
 
 
 def test_dense_power_closed_forms() -> None:
     q = O.haar_orthogonal(4, gen(19))
     evals = torch.tensor([4.0, 1.0, 0.0, 0.25], dtype=D)
     s = q @ torch.diag(evals) @ q.T
-    torch.testing.assert_close(O.dense_power(s, 0.5), q @ torch.diag(evals.sqrt()) @ q.T)
+    torch.testing.assert_close(OD.dense_power(s, 0.5), q @ torch.diag(evals.sqrt()) @ q.T)
     inv_sqrt = torch.tensor([0.5, 1.0, 0.0, 2.0], dtype=D)  # zero stays zero
-    torch.testing.assert_close(O.dense_power(s, -0.5), q @ torch.diag(inv_sqrt) @ q.T)
+    torch.testing.assert_close(OD.dense_power(s, -0.5), q @ torch.diag(inv_sqrt) @ q.T)
     damped = torch.tensor([(4 + 0.4) ** -1, (1 + 0.4) ** -1, 0.0, (0.25 + 0.4) ** -1], dtype=D)
-    torch.testing.assert_close(O.dense_power(s, -1.0, damping=0.1), q @ torch.diag(damped) @ q.T)
+    torch.testing.assert_close(OD.dense_power(s, -1.0, damping=0.1), q @ torch.diag(damped) @ q.T)
     # Algebra: S^{-1/2} S^{-1/2} S is the projector onto the support.
     proj = q @ torch.diag(torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=D)) @ q.T
-    torch.testing.assert_close(O.dense_power(s, -0.5) @ O.dense_power(s, -0.5) @ s, proj)
+    torch.testing.assert_close(OD.dense_power(s, -0.5) @ OD.dense_power(s, -0.5) @ s, proj)
 
 
 def test_dense_power_roundoff_zero_is_zero() -> None:
     g = randn(5, 2, seed=20)
     s = g @ g.T  # rank 2; the other eigenvalues are roundoff
-    r = O.dense_power(s, -0.5)
+    r = OD.dense_power(s, -0.5)
     assert torch.isfinite(r).all()
     assert torch.linalg.matrix_rank(r, hermitian=True) == 2
 
@@ -265,9 +266,9 @@ def test_dense_hessian_and_gradient_quadratic() -> None:
         x = torch.cat([p["A"].reshape(-1), p["b"]])
         return 0.5 * x @ m @ x + c @ x
 
-    torch.testing.assert_close(O.dense_hessian(loss, w, ["A", "b"]), m)
-    x = O.flatten(w, ["A", "b"])
-    torch.testing.assert_close(O.dense_gradient(loss, w, ["A", "b"]), m @ x + c)
+    torch.testing.assert_close(OD.dense_hessian(loss, w, ["A", "b"]), m)
+    x = OD.flatten(w, ["A", "b"])
+    torch.testing.assert_close(OD.dense_gradient(loss, w, ["A", "b"]), m @ x + c)
 
 
 def test_invariant_loss_hessian_equivariance() -> None:
@@ -283,7 +284,7 @@ def test_invariant_loss_hessian_equivariance() -> None:
 
     w = {n: randn(*s, seed=30 + i) for i, (n, s) in enumerate(zip(names, shapes))}
     a = O.sample_action(spaces, params, gen(26))
-    wa = O.unflatten(a @ O.flatten(w, names), names, shapes)
+    wa = OD.unflatten(a @ OD.flatten(w, names), names, shapes)
     torch.testing.assert_close(loss(wa), loss({k: t.to(D) for k, t in w.items()}))
-    h, ha = O.dense_hessian(loss, w, names), O.dense_hessian(loss, wa, names)
+    h, ha = OD.dense_hessian(loss, w, names), OD.dense_hessian(loss, wa, names)
     torch.testing.assert_close(ha, a @ h @ a.T)

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 import oracles as O
+import oracles_dense as OD
 import oracles_haar
 import pytest
 import sympy
@@ -73,14 +74,14 @@ def random_tensors(layout, seed: int) -> dict[str, torch.Tensor]:
 
 def check_against_oracle(compiled, S_ref: torch.Tensor, names, shapes, seed: int) -> None:
     g = torch.Generator().manual_seed(seed + 1000)
-    v = O.unflatten(torch.randn(S_ref.shape[0], generator=g, dtype=D), names, shapes)
+    v = OD.unflatten(torch.randn(S_ref.shape[0], generator=g, dtype=D), names, shapes)
     S = compiled
     assert_near(S.dense(), S_ref)
-    assert_near(O.flatten(S.matvec(v), names), S_ref @ O.flatten(v, names))
+    assert_near(OD.flatten(S.matvec(v), names), S_ref @ OD.flatten(v, names))
     root = S.power(-0.5)
-    ref_root = O.dense_power(S_ref, -0.5)
+    ref_root = OD.dense_power(S_ref, -0.5)
     assert_near(root.dense(), ref_root, power_tol(S_ref))
-    assert_near(O.flatten(root.matvec(v), names), ref_root @ O.flatten(v, names), power_tol(S_ref))
+    assert_near(OD.flatten(root.matvec(v), names), ref_root @ OD.flatten(v, names), power_tol(S_ref))
 
 
 CASES = [(maker, group, n) for maker in (rnn_case, tied_case)
@@ -95,14 +96,14 @@ def test_orbit_average_power_and_matvec_match_the_oracle(maker, group, n):
     names, covered = [x[0] for x in layout], [x[1] for x in layout]
     assert compiled.param_names == names
     grads = random_tensors(layout, seed=n)
-    S_ref = oracle_S({"h": (group, n, None)}, layout, O.flatten(grads, names))
+    S_ref = oracle_S({"h": (group, n, None)}, layout, OD.flatten(grads, names))
     if group == "orthogonal":  # B_n is not a stand-in here: its fourth moment differs from Haar's
-        S_bn = O.dense_orbit_average(O.action_matrices({"h": (group, n, None)}, layout), O.flatten(grads, names))
+        S_bn = OD.dense_orbit_average(O.action_matrices({"h": (group, n, None)}, layout), OD.flatten(grads, names))
         assert float((S_bn - S_ref).abs().max()) > 1e-3
     check_against_oracle(compiled.orbit_average(grads), S_ref, names, covered, seed=n)
     # an EMA of two gradients is still exact (sum of two orbit averages)
     grads2 = random_tensors(layout, seed=n + 50)
-    S2_ref = oracle_S({"h": (group, n, None)}, layout, O.flatten(grads2, names))
+    S2_ref = oracle_S({"h": (group, n, None)}, layout, OD.flatten(grads2, names))
     ema = 0.25 * compiled.orbit_average(grads) + 0.75 * compiled.orbit_average(grads2)
     check_against_oracle(ema, 0.25 * S_ref + 0.75 * S2_ref, names, covered, seed=n + 7)
 
@@ -118,7 +119,7 @@ def test_two_spaces_with_a_repeated_one(group):
     compiled = compile_text(text, shapes)
     names, covered = [x[0] for x in layout], [x[1] for x in layout]
     grads = random_tensors(layout, seed=3)
-    S_ref = oracle_S({"h": (group, n, None), "k": ("perm", 2, None)}, layout, O.flatten(grads, names))
+    S_ref = oracle_S({"h": (group, n, None), "k": ("perm", 2, None)}, layout, OD.flatten(grads, names))
     check_against_oracle(compiled.orbit_average(grads), S_ref, names, covered, seed=3)
 
 
@@ -283,11 +284,11 @@ def test_optimizer_first_update_is_inverse_root_of_exact_s():
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     loss_fn().backward()
     opt.step()
-    update = O.flatten({k: (before[k] - p.detach()) / 0.1 for k, p in model.named_parameters()}, names)
+    update = OD.flatten({k: (before[k] - p.detach()) / 0.1 for k, p in model.named_parameters()}, names)
     _, layout = rnn_case("signed_perm", n)
-    g = O.flatten(grads, names)
+    g = OD.flatten(grads, names)
     S_ref = oracle_S({"h": ("signed_perm", n, None)}, layout, g)
-    assert_near(update, O.dense_power(S_ref, -0.5) @ g, power_tol(S_ref))
+    assert_near(update, OD.dense_power(S_ref, -0.5) @ g, power_tol(S_ref))
 
 
 def test_unsupported_repeats_raise_located_spec_errors():
@@ -336,5 +337,5 @@ def test_fused_axis_and_per_space_next_to_a_repeated_space(group):
     spaces = {"h": (group, n, None), "head": ("identity", 2, None), "d": ("orthogonal", 2, "head")}
     compiled = compile_text(text, shapes)
     grads = random_tensors(layout, seed=21)
-    S_ref = O.dense_orbit_average(O.action_matrices(spaces, layout), O.flatten(grads, ["W", "Q"]))
+    S_ref = OD.dense_orbit_average(O.action_matrices(spaces, layout), OD.flatten(grads, ["W", "Q"]))
     check_against_oracle(compiled.orbit_average(grads), S_ref, ["W", "Q"], [(n + 2, n), (4, n)], seed=21)

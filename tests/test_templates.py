@@ -12,6 +12,7 @@ import copy
 import math
 
 import oracles as O
+import oracles_dense as OD
 import pytest
 import torch
 from cases import FAMILY, stack_shapes, train
@@ -160,7 +161,7 @@ def test_mixed_families_equal_per_layer_code_and_dense_oracle() -> None:
     layout.append(("head.weight", (1, 2), ["_", "e"]))
     assert [n for n, _, _ in layout] == names
     actions = O.action_matrices(spaces, layout)
-    S = O.dense_orbit_average(actions, O.flatten(g, names))
+    S = OD.dense_orbit_average(actions, OD.flatten(g, names))
     torch.testing.assert_close(looped.orbit_average(g).dense(), S, rtol=0, atol=1e-10)
 
 
