@@ -200,3 +200,11 @@ def gpt_checkpoints(tmp_path: Path, seeds=(0, 1)) -> tuple[list[str], dict]:
         paths.append(str(save_checkpoint(tmp_path / f"run{seed}" / "ckpt.pt", {
             "model": gpt.state_dict(), "optimizer": {}, "settings": {"vocab": "abcde"}, "options": options})))
     return paths, options
+
+
+def relu_mlp_pair(seed: int = 1) -> tuple[MLP, MLP]:
+    """Two float64 ReLU MLPs 4-6-6-3 (the `mlp_relu` spec's shape) to align: one from seed 0, one from `seed`."""
+    torch.manual_seed(0)
+    a = MLP((4, 6, 6, 3), act="relu").double()
+    torch.manual_seed(seed)
+    return a, MLP((4, 6, 6, 3), act="relu").double()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import gpt_checkpoints
+from cases import gpt_checkpoints, relu_mlp_pair
 from helpers import inverse_element
 from torch import nn
 
@@ -191,10 +191,7 @@ def test_the_report_shows_a_dash_only_for_the_identity() -> None:
     the identity, and the report says which start set it."""
     seen = 0
     for seed in range(1, 11):
-        torch.manual_seed(0)
-        a = MLP((4, 6, 6, 3), act="relu").double()
-        torch.manual_seed(seed)
-        b = MLP((4, 6, 6, 3), act="relu").double()
+        a, b = relu_mlp_pair(seed)
         result = align(a, b, "mlp_relu", check=False)
         report = result.report()
         for s in result.spaces:
