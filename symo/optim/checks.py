@@ -17,6 +17,7 @@ import torch
 from ..compiler import Spec
 from ..runtime.compiled import CompiledSpec
 from .matrix_function_configs import MatrixFunction
+from .neuron_norm import STATE_KEY as NEURON_STATE_KEY
 
 if TYPE_CHECKING:
     from .plan import Stage
@@ -236,9 +237,11 @@ def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list
                              f"and {len(mine['params'])} here")
         for i, name, p in zip(saved["params"], mine["param_names"], mine["params"]):
             for key, v in state_dict["state"].get(i, {}).items():
-                if torch.is_tensor(v) and key != "step" and tuple(v.shape) != tuple(p.shape):
+                want = (p.shape[0], 1) if key == NEURON_STATE_KEY else tuple(p.shape)  # NorMuon's: one per row
+                if torch.is_tensor(v) and key != "step" and tuple(v.shape) != tuple(want):
                     raise ValueError(f"load_state_dict: state {key!r} of parameter {name!r} has shape "
-                                     f"{tuple(v.shape)}, the parameter {tuple(p.shape)}")
+                                     f"{tuple(v.shape)}, expected {tuple(want)} for the parameter's "
+                                     f"{tuple(p.shape)}")
     for k, stage in enumerate(stages):
         blocks = {b.id: b for b in stage.compiled.blocks}
         # state_dict() keeps them on each block's anchor parameter, a consolidated checkpoint under the stage's key

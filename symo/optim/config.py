@@ -55,12 +55,19 @@ class UpdateConfig:
     exactly. False: Muon's per-block factor alone."""
     weight_decay: float = 0.0
     """Decoupled weight decay of the covered parameters: w <- (1 - lr wd) w."""
+    neuron_norm_beta2: float | None = None
+    """NorMuon's neuron-wise normalization of a polar-factor kind's update (muon, then_orthogonalize, soap_muon):
+    each row of a covered matrix's update (its first axis, the rest flattened) divided by the root of an EMA at
+    this rate of the row's mean square, then the update rescaled to its norm before (symo/optim/neuron_norm.py;
+    NorMuon's 0.95). Refused where an orthogonal space acts on the rows. None: off."""
 
     def __post_init__(self) -> None:
         check_types(self)
+        beta = self.neuron_norm_beta2
         raise_first([
             (self.weight_decay >= 0.0 and math.isfinite(self.weight_decay),
              f"Invalid weight_decay value: {self.weight_decay} (must be a finite number >= 0)"),
+            (beta is None or 0.0 <= beta < 1.0, f"neuron_norm_beta2 must be in [0, 1) or None (off), got {beta}"),
             (self.adamw_rms > 0.0 and math.isfinite(self.adamw_rms), f"adamw_rms must be > 0, got {self.adamw_rms}"),
         ])
 

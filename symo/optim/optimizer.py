@@ -34,7 +34,7 @@ from torch import nn
 from ..compiler import Spec, SpecError
 from ..runtime.compiled import CompiledSpec, check_finite_tensors, compile_for
 from ..runtime.text import fit_lines
-from . import auto_spec, parameter_rms, report, state
+from . import auto_spec, neuron_norm, parameter_rms, report, state
 from .adamw import adamw_step, moment_dtype
 from .checks import GROUP_KEYS, NamedParams, check_group_options, check_state_dict, normalise_groups
 from .config import ADAMW_LR, SymoConfig
@@ -194,6 +194,11 @@ class Symo(torch.optim.Optimizer):
         self._compiled_step: Callable | None = None
         self.distributor: Distributor | None  # None in one process
         self.distributor, self.anchors = distribute(cfg.distributed, self.kind, self.plan, named)
+        if cfg.neuron_norm_beta2 is not None:
+            neuron_norm.check_rows(self.compiled, self.kind.name)
+            if self.distributor is not None:  # a row's norm is local to a dim-0 shard; the update's is not
+                raise ValueError("neuron_norm_beta2 runs in one process for now; leave it None under "
+                                 "FSDP2 or DDP (distributed_mode='off' steps each rank alone)")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Only at construction: the spec is compiled for the parameters given then."""
@@ -307,6 +312,9 @@ class Symo(torch.optim.Optimizer):
                 updates = d.from_owners(names, updates, us)
         if ctx.statistics_only:  # the statistics are kept; the momentum and the parameters start at the next step
             return
+        if self.config.neuron_norm_beta2 is not None:  # NorMuon's rows, once every direction is computed
+            updates = neuron_norm.normalize(updates, {n: self.state[p] for n, p in zip(names, params)},
+                                            self.config.neuron_norm_beta2)
         for p, buf, new in zip(params, bufs, new_bufs):
             if self.distributor is None:  # the new tensor becomes the buffer (no copy)
                 self.state[p]["momentum_buffer"] = new

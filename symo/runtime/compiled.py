@@ -92,6 +92,10 @@ class CompiledSpec:
         return {s: [n for n, bs in self._block_params.items() if any(sp == s for b in bs for sp, _ in b["atoms"])]
                 for s in self.spaces}
 
+    def axis_spaces(self, name: str, axis: int) -> set[str]:
+        """The spaces that act on axis `axis` of covered parameter `name` (in any of its blocks; free axes none)."""
+        return {sp for b in self._block_params[name] for sp, _ in b["axes"][axis] if sp is not None}
+
     # ------------------------------------------------------------ coordinates
     def gather(self, tensors: Tensors) -> dict[str, torch.Tensor]:
         """{param: tensor} -> {block id: Y (batch, mult, width)}: the isotypic coordinates."""
