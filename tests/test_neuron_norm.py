@@ -75,6 +75,7 @@ def test_muon_with_neuron_norm_is_pytorch_optimizers_normuon(monkeypatch):
         gaps.append(math.sqrt(sum(float((p - q).norm() ** 2) for p, q in zip(a.parameters(), b.parameters())))
                     / moved)
     assert max(gaps) < 1e-4, gaps  # float32 iterations on both sides: ~1e-5 apart
+    assert "neuron_norm_beta2=0.95 (NorMuon's rows)" in opt_a.describe()
     # and the normalization is not a no-op: plain Muon through Symo ends elsewhere
     c = mlp()
     opt_c = Symo(c.named_parameters(), symo.parse_spec(MUON_STYLE), preset="muon", lr=0.02, ns_method="iterate")

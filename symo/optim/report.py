@@ -34,6 +34,7 @@ def describe(opt: Symo) -> str:
              + f", {len(adam)} to AdamW",
              f"  preconditioner {cfg.kind!r}: {kind_options}",
              f"  beta1={cfg.beta1} nesterov={cfg.nesterov} update_scale={cfg.update_scale}"
+             + ("" if cfg.neuron_norm_beta2 is None else f" neuron_norm_beta2={cfg.neuron_norm_beta2} (NorMuon's rows)")
              + ("" if not opt.kind.stateful else f" statistics={str(opt.stats_dtype).removeprefix('torch.')}"),
              "  " + preset_line(opt)]
     if opt.distributor is not None:
