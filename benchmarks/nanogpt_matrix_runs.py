@@ -48,6 +48,12 @@ ARMS: dict[str, dict[str, Any]] = {
     # the authors' SOAP as pytorch-optimizer ports it (its defaults: betas 0.95, refresh every 10)
     "soap_authors": {"kind": "pytorch_optimizer", "class": "SOAP", "grid": [1.5e-3, 3e-3, 6e-3],
                      "label": "SOAP (pytorch-optimizer, the authors' algorithm)"},
+    # NorMuon (Muon, then each row of the polar factor divided by an EMA of its mean square, back to the polar
+    # factor's norm) as pytorch-optimizer ships it, at its defaults: whether a published step past Muon reaches
+    # Muon's final loss in 0.85x its steps here at all
+    # (its Newton-Schulz in float32, as the Muon arm's: the library's bfloat16 is emulated on CPUs, 15x slower)
+    "normuon": {"kind": "pytorch_optimizer", "class": "NorMuon", "group": {"use_muon": True},
+                "newton_schulz_float32": True, "grid": [0.01, 0.02, 0.04], "label": "NorMuon (pytorch-optimizer)"},
     "symo_defaults_gpt_muon": {"kind": "symo", "spec": "gpt_muon", "options": {"update_scale": "muon"},
                                "grid": [0.01, 0.02, 0.04], "label": "Symo defaults, gpt_muon"},
     # gpt_true under Muon's scale: these arms' runs were made with Muon's per-block factor alone, before a
@@ -102,7 +108,11 @@ def build(arm: dict, model: Any, lr: float, wd: float, adamw_lr: float, n_embd: 
 
         hidden = [p for n, p in named if is_hidden_matrix(n, p)]
         rest = [p for n, p in named if not is_hidden_matrix(n, p)]
-        return Chained(getattr(pytorch_optimizer, arm["class"])(hidden, lr=lr, weight_decay=wd),
+        cls = getattr(pytorch_optimizer, arm["class"])
+        if arm.get("newton_schulz_float32"):
+            newton_schulz_in_float32(cls)
+        groups = [{"params": hidden, **arm.get("group", {})}]  # NorMuon asks each group whether it is Muon's
+        return Chained(cls(groups, lr=lr, weight_decay=wd),
                        torch.optim.AdamW(rest, lr=adamw_lr, betas=(0.9, 0.95), weight_decay=0.0))
     if arm["kind"] == "heavyball":
         import heavyball  # the baseline library, a benchmark dependency (the bench extra)
@@ -118,6 +128,20 @@ def build(arm: dict, model: Any, lr: float, wd: float, adamw_lr: float, n_embd: 
     spec = symo.load_spec(arm["spec"])
     sizes = {s.name: n_embd // n_head for s in spec.spaces if s.per and s.size is None} or None
     return symo.Symo(named, spec, lr=lr, sizes=sizes, weight_decay=wd, adamw_lr=adamw_lr, **arm.get("options", {}))
+
+
+def newton_schulz_in_float32(cls: type) -> None:
+    """Run the quintic Newton-Schulz iteration of a pytorch-optimizer Muon variant in float32 (the library fixes
+    bfloat16, which a CPU without bfloat16 units emulates): the iteration each module of the class's bases calls."""
+    import functools
+    import sys
+
+    import torch
+
+    for module in {sys.modules[c.__module__] for c in cls.__mro__}:
+        iteration = getattr(module, "zero_power_via_newton_schulz_5", None)
+        if iteration is not None and not isinstance(iteration, functools.partial):
+            module.zero_power_via_newton_schulz_5 = functools.partial(iteration, dtype=torch.float32)
 
 
 class Chained:
