@@ -21,7 +21,9 @@ Protocol per arm and regime (every arm tuned the same way, at the full run lengt
 Muon, SOAP, PSGD-Kron and Symo update the hidden matrices; embeddings, LayerNorm gains and biases go to
 AdamW at 3e-3 (not tuned) in each of them. SOAP and PSGD-Kron are heavyball's, at its documented defaults
 apart from the tuned rate and decay, with torch.compile off (heavyball compiles by default; on this CPU the
-compile costs minutes per run and changes no number beyond rounding).
+compile costs minutes per run and changes no number beyond rounding). The authors' SOAP and NorMuon are
+pytorch-optimizer's, likewise; NorMuon's Newton-Schulz runs in float32, as the Muon arm's does (the library
+fixes bfloat16, which this CPU emulates 15x slower).
 
 Reported: mean +- std of the final validation loss, the paired 95% interval of the difference to Muon, steps
 to the target (the worst AdamW seed's final loss), the steps the seed-mean curve takes to Muon's mean final
