@@ -12,11 +12,12 @@ initialization and batches), each variant paired with its study's base seed by s
 - `soap_muon`: whether longer memory in SOAP-Muon's two averages (Adam's second moment in the eigenbasis,
   `adam_beta2`; the Kronecker statistics, `beta2`; both 0.95 as in SOAP) moves `symo train`'s default step
   closer to reaching Muon's loss in 0.85x Muon's steps. At 4096 tokens a step the gradient is noisy, and an
-  average over about 20 steps is a noisy estimate of either. Its last row adds heavyball's shifted QR step alone.
+  average over about 20 steps is a noisy estimate of either. Its last rows add heavyball's shifted QR step alone,
+  and NorMuon's row normalization after the polar factor (`neuron_norm_beta2`, symo/optim/neuron_norm.py).
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 32 runs of about 10 minutes on 2 workers (about 2 h 40 min)
+    python -m benchmarks.soap_gap              # 35 runs of about 10 minutes on 2 workers (about 3 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0) are read from
@@ -73,8 +74,8 @@ STUDIES: dict[str, Study] = {
                            {"preset": "soap_heavyball"}),
     }),
     # the campaign's SOAP-Muon arm is the soap_muon preset (tests/test_presets.py checks it)
-    "soap_muon": Study("SOAP-Muon: longer memory in its averages than SOAP's 0.95, and the shifted QR step", 0.02,
-                       0.1, {
+    "soap_muon": Study("SOAP-Muon: longer memory in its averages than SOAP's 0.95, the shifted QR step, NorMuon's "
+                       "rows", 0.02, 0.1, {
         "soap_muon": ("SOAP-Muon (betas 0.95)", "symo_soap_muon_gpt_muon", SOAP_MUON),
         "soap_muon_adam_beta2_0.99": ("SOAP-Muon, adam_beta2 0.99 (Adam's second moment)", None,
                                       {**SOAP_MUON, "adam_beta2": 0.99}),
@@ -85,6 +86,9 @@ STUDIES: dict[str, Study] = {
         # heavyball's shift in the QR step alone: the detail the heavyball_details study found moving soap's mean most
         "soap_muon_qr_shift": ("SOAP-Muon, the shifted QR step (refresh PowerQR(lift=1e-8))", None,
                                {**SOAP_MUON, "refresh": PowerQR(lift=1e-8)}),
+        # NorMuon's rows after the polar factor: the step past Muon that the campaign's NorMuon arm measures alone
+        "soap_muon_neuron_norm": ("SOAP-Muon, NorMuon's row normalization (neuron_norm_beta2 0.95)", None,
+                                  {**SOAP_MUON, "neuron_norm_beta2": 0.95}),
     }),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,

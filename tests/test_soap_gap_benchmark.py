@@ -60,7 +60,8 @@ def test_each_soap_muon_variant_changes_what_its_label_names() -> None:
     assert changed == {"soap_muon": {}, "soap_muon_adam_beta2_0.99": {"adam_beta2": 0.99},
                        "soap_muon_beta2_0.99": {"beta2": 0.99},
                        "soap_muon_both_0.99": {"adam_beta2": 0.99, "beta2": 0.99},
-                       "soap_muon_qr_shift": {"refresh": PowerQR(lift=1e-8)}}
+                       "soap_muon_qr_shift": {"refresh": PowerQR(lift=1e-8)},
+                       "soap_muon_neuron_norm": {"neuron_norm_beta2": 0.95}}
 
 
 def _runs(finals: list[float], curve_shift: float) -> list[dict]:
