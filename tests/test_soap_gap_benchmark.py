@@ -10,7 +10,8 @@ import statistics
 import pytest
 
 from benchmarks.harness import RunCache
-from benchmarks.soap_gap import SEEDS, STUDIES, jobs, summarize
+from benchmarks.nanogpt_matrix_runs import RESULTS
+from benchmarks.soap_gap import EXTRA_SEEDS, SEEDS, SIX_SEEDS, STUDIES, jobs, muon_runs, six_seeds, summarize
 
 SOAP = STUDIES["soap"]
 
@@ -18,7 +19,8 @@ SOAP = STUDIES["soap"]
 def test_campaign_runs_are_reused_and_the_others_carry_their_own_configuration(tmp_path) -> None:
     campaign = RunCache(tmp_path / "campaign.json")
     planned = jobs(campaign)  # an empty campaign: every run is new, each with its variant's options
-    assert len(planned) == sum(len(study.variants) for study in STUDIES.values()) * len(SEEDS)
+    assert len(planned) == (sum(len(study.variants) for study in STUDIES.values()) * len(SEEDS)
+                            + len(SIX_SEEDS) * len(EXTRA_SEEDS))
     assert all(job["arm_config"]["options"] == STUDIES[job["study"]].variants[job["variant"]][2] for job in planned)
     assert {(job["lr"], job["wd"]) for job in planned if job["study"] == "soap_muon"} == {(0.02, 0.1)}
     reused = next(job for job in planned if job["variant"] == "soap" and job["seed"] == 0)
@@ -105,3 +107,27 @@ def test_each_heavyball_detail_is_added_alone_and_all_three_are_soap_heavyball()
         merged.update(change)
     differ = {k for k in soap.keys() | heavyball.keys() if merged.get(k) != heavyball.get(k)}
     assert differ == {"max_precond_dim"} and study.variants["soap_heavyball"][2] == {"preset": "soap_heavyball"}
+
+
+def test_the_six_seed_rows_of_the_base_and_of_muon_are_soap_seeds_own() -> None:
+    """On the committed caches, the six-seed table's SOAP-Muon and Muon rows (built here from the campaign's and
+    soap_seeds' runs) equal benchmarks/soap_seeds.py's six-seed figures, computed there by code of its own; with the
+    variant's own runs absent the table waits (None). Muon's runs stand in for the variant's."""
+    import json
+
+    study = STUDIES["soap_muon"]
+    campaign = RunCache(RESULTS / "nanogpt_matrix_reference_runs.json")
+    seeds_cache = RunCache(RESULTS / "soap_seeds_runs.json")
+    base = [campaign[job["key"]] for job in jobs(campaign) if job["variant"] == study.base]
+    muon = muon_runs(campaign, seeds_cache)
+    variant = SIX_SEEDS["soap_muon"]
+    assert six_seeds(study, variant, {study.base: base, variant: []}, seeds_cache, muon) is None
+    data, table = six_seeds(study, variant, {study.base: base, variant: list(muon.values())}, seeds_cache, muon)
+    reference = json.loads((RESULTS / "soap_seeds.json").read_text())["regimes"]["reference"]["arms"]
+    for name, arm in ((study.base, "symo_soap_muon_gpt_muon"), ("muon", "muon")):
+        theirs = reference[arm]["seeds_6"]
+        assert data[name]["final_val_mean"] == pytest.approx(theirs["final_val_mean"], abs=1e-12)
+        assert data[name]["muon_loss_steps_ratio"] == pytest.approx(theirs.get("muon_loss_steps_ratio", 1.0), abs=1e-9)
+    assert data[study.base]["diff_to_muon_ci95"] == pytest.approx(
+        reference["symo_soap_muon_gpt_muon"]["seeds_6"]["diff_to_muon_ci95"], abs=1e-12)
+    assert "| Muon |" in table
