@@ -195,7 +195,8 @@ class Symo(torch.optim.Optimizer):
         self.distributor: Distributor | None  # None in one process
         self.distributor, self.anchors = distribute(cfg.distributed, self.kind, self.plan, named)
         if cfg.neuron_norm_beta2 is not None:
-            neuron_norm.check_rows(self.compiled, self.kind.name)
+            for stage in self.plan:  # every spec's group must leave the rows' statistic equivariant
+                neuron_norm.check_rows(stage.compiled, self.kind.name)
             if self.distributor is not None:  # a row's norm is local to a dim-0 shard; the update's is not
                 raise ValueError("neuron_norm_beta2 runs in one process for now; leave it None under "
                                  "FSDP2 or DDP (distributed_mode='off' steps each rank alone)")
