@@ -8,7 +8,9 @@ import from here, never from one another).
 - `assignment`, `assert_covers`, `assert_all_true`, `independent_check`: checks of inferred specs;
 - `inverse_element`: g^-1 space by space, heads permuted as wholes included;
 - `ROWS`, `COLS`, `loss_grad`, `singular_values_of_updates`: the kinds' edge tests' one-matrix problem
-  (tests/test_mutation_kinds.py, test_mutation_kind_edges.py).
+  (tests/test_mutation_kinds.py, test_mutation_kind_edges.py);
+- `newton_schulz_modules`, `keep_newton_schulz`: the modules whose Newton-Schulz a pytorch-optimizer Muon variant
+  calls, and their iteration restored after a test that patches it.
 """
 
 from __future__ import annotations
@@ -205,3 +207,17 @@ def assert_update_is_muons_polar(model: torch.nn.Module, grads: dict[str, torch.
         u, _, vh = torch.linalg.svd(g, full_matrices=False)
         upd = before[n] - model.get_parameter(n).detach()
         assert rel(upd, max(1.0, g.shape[0] / g.shape[1]) ** 0.5 * u @ vh) < tol, n
+
+
+def newton_schulz_modules(cls: type) -> list:
+    """The modules of `cls` and its bases that hold pytorch-optimizer's `zero_power_via_newton_schulz_5`."""
+    import sys
+
+    return [m for m in {sys.modules[c.__module__] for c in cls.__mro__}
+            if hasattr(m, "zero_power_via_newton_schulz_5")]
+
+
+def keep_newton_schulz(monkeypatch, cls: type) -> None:
+    """Put each module's iteration back after the test, whatever the test (or a benchmark arm) patches."""
+    for module in newton_schulz_modules(cls):
+        monkeypatch.setattr(module, "zero_power_via_newton_schulz_5", module.zero_power_via_newton_schulz_5)

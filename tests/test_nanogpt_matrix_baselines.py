@@ -4,10 +4,10 @@ the hidden matrices, and NorMuon's Newton-Schulz runs in float32 as the Muon arm
 from __future__ import annotations
 
 import functools
-import sys
 
 import pytest
 import torch
+from helpers import keep_newton_schulz, newton_schulz_modules
 
 from benchmarks.nanogpt_matrix_runs import ARMS, Chained, build, newton_schulz_in_float32
 from symo.train.models import GPT, GPTConfig
@@ -15,15 +15,9 @@ from symo.train.models import GPT, GPTConfig
 pytorch_optimizer = pytest.importorskip("pytorch_optimizer")
 
 
-def normuon_modules() -> list:
-    return [m for m in {sys.modules[c.__module__] for c in pytorch_optimizer.NorMuon.__mro__}
-            if hasattr(m, "zero_power_via_newton_schulz_5")]
-
-
 def one_step(patched: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, torch.Tensor]:
     """NorMuon's first update of a 64 x 48 matrix (the library's own step), and the iteration's output dtype."""
-    for module in normuon_modules():  # restored after the test, whatever the arm patches
-        monkeypatch.setattr(module, "zero_power_via_newton_schulz_5", module.zero_power_via_newton_schulz_5)
+    keep_newton_schulz(monkeypatch, pytorch_optimizer.NorMuon)
     if patched:
         newton_schulz_in_float32(pytorch_optimizer.NorMuon)
     torch.manual_seed(0)
@@ -31,7 +25,7 @@ def one_step(patched: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tens
     w.grad = torch.randn(64, 48)
     before = w.detach().clone()
     pytorch_optimizer.NorMuon([{"params": [w], "use_muon": True}], lr=0.02).step()
-    module = normuon_modules()[0]
+    module = newton_schulz_modules(pytorch_optimizer.NorMuon)[0]
     dtype = module.zero_power_via_newton_schulz_5(torch.randn(8, 4), num_steps=1).dtype
     return w.detach() - before, dtype
 
@@ -45,14 +39,13 @@ def test_normuon_arm_runs_the_librarys_step_with_its_iteration_in_float32(monkey
     rel = float((ours - library).norm() / library.norm())
     assert 1e-5 < rel < 2e-2, rel  # different arithmetic, the same step
     newton_schulz_in_float32(pytorch_optimizer.NorMuon)
-    for module in normuon_modules():
+    for module in newton_schulz_modules(pytorch_optimizer.NorMuon):
         iteration = module.zero_power_via_newton_schulz_5
         assert isinstance(iteration, functools.partial) and not isinstance(iteration.func, functools.partial)
 
 
 def test_the_library_arms_build_the_librarys_class_on_the_hidden_matrices_and_adamw_on_the_rest(monkeypatch):
-    for module in normuon_modules():
-        monkeypatch.setattr(module, "zero_power_via_newton_schulz_5", module.zero_power_via_newton_schulz_5)
+    keep_newton_schulz(monkeypatch, pytorch_optimizer.NorMuon)
     model = GPT(GPTConfig(block_size=8, vocab_size=5, n_layer=1, n_head=2, n_embd=16))
     for arm, cls in (("normuon", "NorMuon"), ("soap_authors", "SOAP")):
         opt = build(ARMS[arm], model, lr=0.02, wd=0.1, adamw_lr=3e-3, n_embd=16, n_head=2)

@@ -12,14 +12,14 @@ reference written in Symo's conventions:
 from __future__ import annotations
 
 import copy
-import functools
 import math
-import sys
 
 import pytest
 import torch
+from helpers import keep_newton_schulz
 
 import symo
+from benchmarks.nanogpt_matrix_runs import newton_schulz_in_float32
 from symo.optim import Symo
 from symo.optim.neuron_norm import STATE_KEY
 
@@ -50,17 +50,9 @@ def step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
     opt.step()
 
 
-def library_newton_schulz_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The library's iteration in float32, Symo's precision (it fixes bfloat16); restored after the test."""
-    for module in {sys.modules[c.__module__] for c in pytorch_optimizer.NorMuon.__mro__}:
-        iteration = getattr(module, "zero_power_via_newton_schulz_5", None)
-        if iteration is not None:
-            monkeypatch.setattr(module, "zero_power_via_newton_schulz_5",
-                                functools.partial(iteration, dtype=torch.float32))
-
-
 def test_muon_with_neuron_norm_is_pytorch_optimizers_normuon(monkeypatch):
-    library_newton_schulz_in_float32(monkeypatch)
+    keep_newton_schulz(monkeypatch, pytorch_optimizer.NorMuon)  # the library's iteration in float32, Symo's
+    newton_schulz_in_float32(pytorch_optimizer.NorMuon)           # precision (it fixes bfloat16); restored after
     a, b = mlp(), mlp()
     opt_a = Symo(a.named_parameters(), symo.parse_spec(MUON_STYLE), preset="muon", lr=0.02, neuron_norm_beta2=0.95,
                  ns_method="iterate")
