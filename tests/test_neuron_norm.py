@@ -5,7 +5,8 @@ reference written in Symo's conventions:
   model (its Newton-Schulz run in float32 as Symo's is): 30 steps on wide and tall matrices, to 1e-4 of the
   distance moved (both apply Muon's per-shape factor sqrt(max(1, rows / cols)));
 - the step is equivariant under the row permutations the spec declares;
-- a spec that rotates a matrix's rows, a kind without a polar factor and a bad rate are refused by name;
+- a spec that rotates a matrix's rows, a kind without a polar factor, a bad rate and several processes are refused
+  by name;
 - float32 and bfloat16 on rank-deficient gradients with zero rows: never a NaN; a checkpoint resumes exactly.
 """
 
@@ -16,6 +17,8 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
+from distributed_cases import free_port, init
 from helpers import keep_newton_schulz
 
 import symo
@@ -114,6 +117,21 @@ def test_bad_settings_are_refused_by_name(options, error, message):
     options = {"neuron_norm_beta2": 0.95, **options}
     with pytest.raises(error, match=message):
         Symo(mlp().named_parameters(), symo.parse_spec(MUON_STYLE), **options)
+
+
+def test_a_distributed_optimizer_is_refused_and_says_what_to_do():
+    """A replicated (DDP) optimizer in a process group of one has a distributor, as it would on several ranks."""
+    init(0, 1, free_port())
+    try:
+        model = mlp()
+        spec = symo.parse_spec(MUON_STYLE)
+        assert Symo(model.named_parameters(), spec, preset="muon", distributed_mode="replicated").distributor
+        with pytest.raises(ValueError, match=r"neuron_norm_beta2 runs in one process for now; leave it None under "
+                                             r"FSDP2 or DDP"):
+            Symo(model.named_parameters(), spec, preset="muon", distributed_mode="replicated",
+                 neuron_norm_beta2=0.95)
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
