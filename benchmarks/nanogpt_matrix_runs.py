@@ -124,9 +124,10 @@ def build(arm: dict, model: Any, lr: float, wd: float, adamw_lr: float, n_embd: 
         return Chained(getattr(heavyball, arm["class"])(hidden, lr=lr, weight_decay=wd),
                        torch.optim.AdamW(rest, lr=adamw_lr, betas=(0.9, 0.95), weight_decay=0.0))
     import symo
+    from symo.train.loop import head_basis_sizes
 
     spec = symo.load_spec(arm["spec"])
-    sizes = {s.name: n_embd // n_head for s in spec.spaces if s.per and s.size is None} or None
+    sizes = head_basis_sizes(spec, n_embd // n_head)
     return symo.Symo(named, spec, lr=lr, sizes=sizes, weight_decay=wd, adamw_lr=adamw_lr, **arm.get("options", {}))
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..compiler import load_spec
+from ..compiler import Spec, load_spec
 from ..optim import Symo
 from ..runtime.compiled import NonFiniteGradientError, compile
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -58,6 +58,14 @@ def lr_factor(step: int, cfg: TrainConfig, schedule_steps: int | None = None) ->
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def head_basis_sizes(spec: Spec, d_head: int) -> dict[str, int] | None:
+    """The sizes a GPT's shapes leave free: every space repeated per a space of free size (gpt_true's per-head
+    bases, one per head) is a head's basis, d_head long. A space repeated per a space of declared size
+    (gpt_muon_qkv's rows of query, key and value) is left to the shapes."""
+    free = {s.name for s in spec.spaces if s.size is None}
+    return {s.name: d_head for s in spec.spaces if s.per in free and s.size is None} or None
+
+
 def build_optimizer(model: GPT, cfg: TrainConfig, world: int = 1) -> torch.optim.Optimizer:
     """The optimizer of `cfg`; under torchrun (`world` > 1) Symo shares its blocks out among the ranks."""
     named = list(model.named_parameters())
@@ -67,8 +75,7 @@ def build_optimizer(model: GPT, cfg: TrainConfig, world: int = 1) -> torch.optim
     if cfg.optimizer == "muon":
         return Muon(named, lr=cfg.lr, weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr)
     spec = load_spec(cfg.spec)
-    d_head = cfg.n_embd // cfg.n_head
-    sizes = {s.name: d_head for s in spec.spaces if s.per and s.size is None} or None
+    sizes = head_basis_sizes(spec, cfg.n_embd // cfg.n_head)
     compiled = compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
     if cfg.preset is not None:  # the preset's options; --ns-method and --precondition-frequency override when set
         extra: dict[str, Any] = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
