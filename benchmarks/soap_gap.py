@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.harness import RunCache, mean_std, paired_diff_ci95, write_results
@@ -57,12 +57,14 @@ SIX_SEEDS, EXTRA_SEEDS = {"soap_muon": "soap_muon_neuron_norm"}, (3, 4, 5)
 @dataclass(frozen=True)
 class Study:
     """Variants of one preset at one (rate, decay). `variants`: name -> (label, the campaign arm whose runs it
-    reuses or None, the Symo options); the first variant is the base every other is paired with."""
+    reuses or None, the Symo options); the first variant is the base every other is paired with. `specs`: the
+    bundled spec of a variant that does not run on gpt_muon."""
 
     title: str
     lr: float
     wd: float
     variants: dict[str, tuple[str, str | None, dict]]
+    specs: dict[str, str] = field(default_factory=dict)
 
     @property
     def base(self) -> str:
@@ -96,6 +98,19 @@ STUDIES: dict[str, Study] = {
         "soap_muon_neuron_norm": ("SOAP-Muon, NorMuon's row normalization (neuron_norm_beta2 0.95)", None,
                                   {**SOAP_MUON, "neuron_norm_beta2": 0.95}),
     }),
+    # the spec decides which coordinates form a block: c_attn as one 3 d x d matrix (gpt_muon, as published Muon
+    # runs treat it) or its query, key and value rows as three d x d matrices (gpt_muon_qkv), each with its own
+    # polar factor and, under SOAP-Muon, its own two Kronecker sides
+    "qkv": Study("SOAP-Muon's blocks: c_attn as one matrix or as its query, key and value", 0.02, 0.1, {
+        "soap_muon": ("SOAP-Muon, gpt_muon (c_attn one matrix)", "symo_soap_muon_gpt_muon", SOAP_MUON),
+        "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv (q, k, v three matrices)", None, SOAP_MUON),
+    }, specs={"soap_muon_qkv": "gpt_muon_qkv"}),
+    # the same split under Muon's own step (Symo's defaults at their tuned rate and decay): whether what the split
+    # does is SOAP's or any polar step's
+    "qkv_muon": Study("Muon's step's blocks: c_attn as one matrix or as its query, key and value", 0.02, 0.1, {
+        "muon_step": ("Muon's step (Symo's defaults), gpt_muon", "symo_defaults_gpt_muon", {"update_scale": "muon"}),
+        "muon_step_qkv": ("Muon's step (Symo's defaults), gpt_muon_qkv", None, {"update_scale": "muon"}),
+    }, specs={"muon_step_qkv": "gpt_muon_qkv"}),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
@@ -120,7 +135,8 @@ def jobs(campaign: RunCache) -> list[dict]:
                 job = job_for(REGIME, setup, arm, study.lr, study.wd, seed) if arm else None
                 if job is None or job["key"] not in campaign:
                     job = job_for(REGIME, setup, f"soap_gap_{variant}", study.lr, study.wd, seed)
-                    job["arm_config"] = {"kind": "symo", "spec": "gpt_muon", "options": options, "label": label}
+                    job["arm_config"] = {"kind": "symo", "spec": study.specs.get(variant, "gpt_muon"),
+                                         "options": options, "label": label}
                 job["study"], job["variant"] = study_name, variant
                 out.append(job)
     return out
