@@ -36,7 +36,7 @@ class TrainConfig:
     block_size: int = 64
     bias: bool = True
     optimizer: str = "symo"
-    spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_true, gpt) or a path
+    spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_muon_qkv, gpt_true, gpt) or a path
     partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
     preset: str | None = "auto"        # Symo's preset (symo.PRESETS); auto: DEFAULT_PRESET; None: Symo's defaults
     precondition_frequency: int | None = None  # a preset's factor refresh every N steps; None: the preset's own
