@@ -1,7 +1,7 @@
 """SOAP's conventions and settings, one change at a time, on the nanoGPT reference regime.
 
-Three studies, each at its preset's tuned rate and decay on the gpt_muon spec, for the campaign's three seeds (same
-initialization and batches), each variant paired with its study's base seed by seed:
+Five studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
+the campaign's three seeds (same initialization and batches), each variant paired with its study's base seed by seed:
 
 - `soap`: which convention separates the authors' SOAP from heavyball's. In benchmarks/results/nanogpt_matrix.md,
   Symo's `soap` preset (the authors' algorithm and defaults) ends level with the authors' own SOAP and behind
@@ -17,10 +17,14 @@ initialization and batches), each variant paired with its study's base seed by s
   latter also runs seeds 3-5, reported beside SOAP-Muon and Muon on six seeds (their seeds 3-5 from
   benchmarks/soap_seeds.py's run cache), since the 0.85x goal is about a figure that moves by 0.1x between
   three-seed subsets.
+- `qkv` and `qkv_muon`: which coordinates form a block. The spec gpt_muon_qkv makes c_attn's query, key and value
+  rows three matrices (each its own polar factor, and under SOAP-Muon its own two Kronecker sides) where gpt_muon
+  keeps the one 3 d x d matrix; the first study asks it of SOAP-Muon (with seeds 3-5, as above), the second of
+  Muon's own step (Symo's defaults at their tuned rate and decay).
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 38 runs of about 10 minutes on 2 workers (about 3 h 10 min)
+    python -m benchmarks.soap_gap              # 47 runs of about 10 minutes on 2 workers (about 4 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0) are read from
@@ -51,7 +55,7 @@ NAME = "soap_gap"
 REGIME, SEEDS = "reference", (0, 1, 2)
 # a variant that also runs seeds 3-5, paired with its base's and Muon's seeds 3-5 from benchmarks/soap_seeds.py's
 # run cache: the 0.85x goal is about figures that move by 0.1x between three-seed subsets
-SIX_SEEDS, EXTRA_SEEDS = {"soap_muon": "soap_muon_neuron_norm"}, (3, 4, 5)
+SIX_SEEDS, EXTRA_SEEDS = {"soap_muon": "soap_muon_neuron_norm", "qkv": "soap_muon_qkv"}, (3, 4, 5)
 
 
 @dataclass(frozen=True)
@@ -215,8 +219,12 @@ def plot(out: Path, records: dict[str, dict[str, list[dict]]], muon_final: float
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(STUDIES), figsize=(6 * len(STUDIES), 4), squeeze=False)
-    for ax, (study_name, study) in zip(axes[0], STUDIES.items()):
+    cols = 3
+    rows = -(-len(STUDIES) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(STUDIES):]:
+        ax.set_visible(False)
+    for ax, (study_name, study) in zip(axes.flat, STUDIES.items()):
         for variant, runs in records[study_name].items():
             runs = [r for r in runs if r["seed"] in SEEDS]  # the curves of the three-seed tables
             if len(runs) == len(SEEDS):
@@ -274,10 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python -m benchmarks.soap_gap` ({n_runs} runs; the soap and soap_muon studies' base "
         "runs and soap_heavyball's seed 0 come from the campaign's run cache)",
         "",
-        f"The nanoGPT campaign's {REGIME} regime (benchmarks/nanogpt_matrix.py), the gpt_muon spec, seeds "
-        f"{', '.join(map(str, SEEDS))}; each variant changes what its row says and nothing else. `diff to base` is "
-        "the paired 95% interval of (variant - base) final validation loss (negative: better). Steps to Muon's "
-        "final loss: the seed-mean curve's first evaluation at or below Muon's tuned mean final loss"
+        f"The nanoGPT campaign's {REGIME} regime (benchmarks/nanogpt_matrix.py), the gpt_muon spec unless a row "
+        f"names another, seeds {', '.join(map(str, SEEDS))}; each variant changes what its row says and nothing "
+        "else. `diff to base` is the paired 95% interval of (variant - base) final validation loss (negative: "
+        "better). Steps to Muon's final loss: the seed-mean curve's first evaluation at or below Muon's tuned mean "
+        "final loss"
         + (f" ({muon_final:.4f})" if muon_final is not None else "")
         + (f", and as a ratio of the {muon_steps} steps Muon's own seed-mean curve takes (the campaign's "
            "`Muon-loss steps`)." if muon_steps else "."),
