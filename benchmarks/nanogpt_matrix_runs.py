@@ -80,6 +80,11 @@ ARMS: dict[str, dict[str, Any]] = {
     # algorithm inside Symo, so that the gap between the two SOAP arms can be read as conventions or not
     "symo_soap_heavyball_gpt_muon": {"kind": "symo", "spec": "gpt_muon", "options": {"preset": "soap_heavyball"},
                                      "grid": [1.5e-3, 3e-3, 6e-3], "label": "Symo soap_heavyball, gpt_muon"},
+    # SOAP-Muon on gpt_muon_qkv: c_attn's query, key and value rows as three matrices, each with its own polar factor
+    # and two Kronecker sides (benchmarks/soap_gap.py's qkv study found it ahead of gpt_muon on six seeds at
+    # SOAP-Muon's tuned settings; here it is tuned as every arm is)
+    "symo_soap_muon_gpt_muon_qkv": {"kind": "symo", "spec": "gpt_muon_qkv", "options": SOAP_MUON,
+                                    "grid": [0.01, 0.02, 0.04], "label": "Symo SOAP-Muon, gpt_muon_qkv"},
     # SOAP-Muon whose inner SOAP refreshes as heavyball's does (every 2 steps, one step earlier, eps as a clamp,
     # QR with heavyball's shift): benchmarks/soap_gap.py found these worth 0.019 to `soap` at 0.26x Chinchilla
     "symo_soap_muon_heavyball_gpt_muon": {
