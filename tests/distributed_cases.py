@@ -78,6 +78,10 @@ CASES: dict[str, Case] = {
     "gpt_soap_muon": Case(_gpt, "gpt_muon", "transformer.h.1.attn.c_proj.weight",
                           options={"preset": "soap_muon", "stats_dtype": "float64", "precondition_frequency": 2},
                           whole_batch=True),
+    # SOAP-Muon on gpt_muon_qkv: c_attn's 30 rows as three 10-row blocks, which 4 ranks' shards cut across
+    "gpt_qkv_soap_muon": Case(_gpt, "gpt_muon_qkv", "transformer.h.1.attn.c_proj.weight",
+                              options={"preset": "soap_muon", "stats_dtype": "float64", "precondition_frequency": 2},
+                              whole_batch=True),
     # two dtypes: one exchange per dtype each way
     "mixed_dtypes": Case(TwoBranches, "two_branches", "high.fc1.bias"),
     # collectives must not grow with the parameters: the same MLP, three times deeper

@@ -47,7 +47,7 @@ from symo.train.models import MLP
 
 MODES = ("fsdp", "replicated")
 EQUIVALENCE = ("mlp_tanh", "gpt_muon", "gpt_muon_path", "gpt_true", "rnn_tanh", "mlp_gradient", "shampoo_gm",
-               "mixed_dtypes", "gpt_soap_muon")
+               "mixed_dtypes", "gpt_soap_muon", "gpt_qkv_soap_muon")
 _RUNS: dict[int, dict] = {}
 
 
