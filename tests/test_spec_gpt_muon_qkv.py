@@ -114,3 +114,33 @@ def test_rows_split_in_the_spec_step_as_three_separate_matrices(options):
         three.step()
         moved = torch.cat([p.detach() for p in parts.values()]) - start
         assert rel(w.detach() - start, moved) < (1e-4 if "preset" in options else 1e-15), t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_the_dtypes_users_train_in(dtype):
+    """float32 and bfloat16, 30 steps: under Muon's step the split weight still steps as three separate matrices
+    (bit for bit in float32, to bfloat16's rounding in bfloat16). Under SOAP-Muon the two only agree to rounding,
+    which its Adam step in a rotated basis turns into O(1) moves, as between any two runs of SOAP (README, "Why two
+    runs of one SOAP end apart"): both stay finite and move."""
+    torch.manual_seed(1)
+    d = 6
+    for options in ({"update_scale": "muon"}, {**SOAP_MUON, "stats_dtype": "float32", "precondition_frequency": 4}):
+        w = torch.nn.Parameter(torch.randn(3 * d, d, dtype=dtype))
+        parts = {n: torch.nn.Parameter(p.clone()) for n, p in zip(("wq", "wk", "wv"), w.detach().split(d))}
+        split = symo.Symo({"w": w}, symo.parse_spec(SPLIT), lr=0.02, weight_decay=0.1, **options)
+        three = symo.Symo(parts, symo.parse_spec(THREE), lr=0.02, weight_decay=0.1, **options)
+        target, start = torch.randn(3 * d, d, dtype=dtype), w.detach().clone()
+        for _ in range(30):
+            w.grad = loss_grad(w, target)
+            for p, g in zip(parts.values(), w.grad.split(d)):
+                p.grad = g.clone()
+            split.step()
+            three.step()
+        together = torch.cat([p.detach() for p in parts.values()])
+        assert torch.isfinite(w).all() and torch.isfinite(together).all() and not torch.equal(w.detach(), start)
+        if "preset" in options:
+            continue
+        if dtype == torch.float32:
+            assert torch.equal(w.detach(), together)
+        else:
+            assert rel((w.detach() - start).float(), (together - start).float()) < 0.05
