@@ -6,16 +6,16 @@ algorithm (tests/test_soap.py). This script asks whether those gaps are more tha
 
 - first update: on the reference GPT, how far apart two runs are after their first update when their initial
   weights differ by a relative 1e-7 (float32 rounding), for the same optimizer, and for Symo against the library;
-- six seeds, in both regimes: seeds 3, 4 and 5 for Muon, heavyball's SOAP, `soap_heavyball`, SOAP-Muon, `soap`
-  and the authors' SOAP (pytorch-optimizer) at the campaign's tuned rate and decay, reported with the campaign's
-  seeds 0-2 (same initialization and batches per seed across arms);
+- six seeds, in both regimes: seeds 3, 4 and 5 for Muon, heavyball's SOAP, `soap_heavyball`, SOAP-Muon (on
+  gpt_muon and on gpt_muon_qkv), `soap` and the authors' SOAP (pytorch-optimizer) at the campaign's tuned rate and
+  decay, reported with the campaign's seeds 0-2 (same initialization and batches per seed across arms);
 - whether the true symmetry helps SOAP, in both regimes: `soap` and SOAP-Muon on the true-symmetry spec
   (gpt_true: per-head O(k) gauges, statistics shared by units) at their own tuned rates and decays, six seeds
   each, paired seed by seed with the same kind on the Muon-style spec (gpt_muon);
 - floor (reference regime): heavyball's SOAP at seeds 0-2 with the initial weights moved by 1e-7, paired with the
   campaign's runs.
 
-    python -m benchmarks.soap_seeds              # 51 runs of 1-10 minutes on 2 workers (about 220 worker-minutes)
+    python -m benchmarks.soap_seeds              # 54 runs of 1-10 minutes on 2 workers (about 250 worker-minutes)
     python -m benchmarks.soap_seeds --report     # train nothing: the report of what the run cache holds
 
 Seeds 0-2 come from the campaign's run caches; new runs go to benchmarks/results/soap_seeds_runs.json. Writes
@@ -49,8 +49,8 @@ NAME = "soap_seeds"
 MEASURED = ("reference", "data_rich")
 FLOOR_REGIME = "reference"  # the floor and the first update: the regime whose SOAP gaps the goals are about
 CAMPAIGN_SEEDS, EXTRA_SEEDS = (0, 1, 2), (3, 4, 5)
-EXTENDED = ("muon", "soap", "symo_soap_heavyball_gpt_muon", "symo_soap_muon_gpt_muon", "symo_soap_gpt_muon",
-            "soap_authors", "symo_soap_muon_gpt_true", "symo_soap_gpt_true")
+EXTENDED = ("muon", "soap", "symo_soap_heavyball_gpt_muon", "symo_soap_muon_gpt_muon", "symo_soap_muon_gpt_muon_qkv",
+            "symo_soap_gpt_muon", "soap_authors", "symo_soap_muon_gpt_true", "symo_soap_gpt_true")
 # (kind, its arm on the true-symmetry spec, its arm on the Muon-style spec): does the group help SOAP
 SYMMETRY_PAIRS = (("soap", "symo_soap_gpt_true", "symo_soap_gpt_muon"),
                   ("SOAP-Muon", "symo_soap_muon_gpt_true", "symo_soap_muon_gpt_muon"))
