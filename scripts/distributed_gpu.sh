@@ -20,7 +20,7 @@ WORLDS=1,2
 if [ "$N" -gt 2 ]; then WORLDS="$WORLDS,$N"; fi
 "$PY" -m benchmarks.distributed --device cuda --backend nccl --worlds "$WORLDS" --out "$OUT/distributed"
 
-# 2. symo train under torchrun: DDP, then FSDP2; the defaults (SOAP-Muon on gpt_muon), then the
+# 2. symo train under torchrun: DDP, then FSDP2; the defaults (SOAP-Muon on gpt_muon_qkv), then the
 #    published preset on gpt_true (stored block statistics, gathered into each checkpoint)
 COMMON=(--device cuda --steps 100 --eval-interval 50 --no-progress --sample-chars 0)
 for kind in ddp fsdp; do

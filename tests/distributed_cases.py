@@ -73,12 +73,13 @@ CASES: dict[str, Case] = {
     "shampoo_gm": Case(lambda: MLP((8, 15, 13, 4)), "shampoo_rows", "fc2.weight",
                        options={"preconditioner": "root", "beta2": 0.9, "damping": 1e-3,
                                 "geometric_mean_with": "shampoo_cols"}),
-    # SOAP-Muon, symo train's default: both Kronecker sides of one spec, the first step skipped, QR refreshes every
-    # other step
+    # SOAP-Muon, symo train's default step: both Kronecker sides of one spec, the first step skipped, QR refreshes
+    # every other step
     "gpt_soap_muon": Case(_gpt, "gpt_muon", "transformer.h.1.attn.c_proj.weight",
                           options={"preset": "soap_muon", "stats_dtype": "float64", "precondition_frequency": 2},
                           whole_batch=True),
-    # SOAP-Muon on gpt_muon_qkv: c_attn's 30 rows as three 10-row blocks, which 4 ranks' shards cut across
+    # SOAP-Muon on gpt_muon_qkv (symo train's default spec): c_attn's 30 rows as three 10-row blocks, which 4 ranks'
+    # shards cut across
     "gpt_qkv_soap_muon": Case(_gpt, "gpt_muon_qkv", "transformer.h.1.attn.c_proj.weight",
                               options={"preset": "soap_muon", "stats_dtype": "float64", "precondition_frequency": 2},
                               whole_batch=True),

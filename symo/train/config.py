@@ -18,6 +18,9 @@ DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 4e-3}
 # Symo's step when no --preset is given: SOAP-Muon beats tuned Muon outside the paired interval over six seeds
 # at both of the nanoGPT campaign's data-to-model ratios (benchmarks/results/soap_seeds.md)
 DEFAULT_PRESET = "soap_muon"
+# Symo's spec when no --spec is given: the Muon-style spec with c_attn's query, key and value rows as three
+# blocks, on which SOAP-Muon is ahead of gpt_muon outside the paired interval at both ratios (soap_seeds.md)
+DEFAULT_SPEC = "gpt_muon_qkv"
 # Settings a resumed checkpoint must share with the run: they change the model, the optimizer or the
 # sequence of batches and learning rates.
 RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "preset",
@@ -36,7 +39,7 @@ class TrainConfig:
     block_size: int = 64
     bias: bool = True
     optimizer: str = "symo"
-    spec: str = "gpt_muon"             # Symo's spec: a bundled name (gpt_muon, gpt_muon_qkv, gpt_true, gpt) or a path
+    spec: str = DEFAULT_SPEC           # Symo's spec: a bundled name (gpt_muon_qkv, gpt_muon, gpt_true, gpt) or a path
     partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
     preset: str | None = "auto"        # Symo's preset (symo.PRESETS); auto: DEFAULT_PRESET; None: Symo's defaults
     precondition_frequency: int | None = None  # a preset's factor refresh every N steps; None: the preset's own

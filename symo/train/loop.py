@@ -1,6 +1,6 @@
 """`symo train`: train a nanoGPT-shaped character model with Symo, Muon or AdamW.
 
-    symo train                                   # 4-layer GPT on the bundled Shakespeare, Symo (gpt_muon spec)
+    symo train                                   # 4-layer GPT on the bundled Shakespeare, Symo (gpt_muon_qkv spec)
     symo train --optimizer adamw --steps 2000 --data my.txt
     torchrun --nproc_per_node 2 -m symo train    # DistributedDataParallel (gloo on CPU, NCCL on GPU)
     torchrun --nproc_per_node 2 -m symo train --fsdp    # FSDP2 (fully_shard)
