@@ -13,7 +13,8 @@ Optimizers: torch AdamW (all parameters); the reference Muon (tests/references.p
 hidden matrices + torch AdamW on the rest; Symo with specs/gpt_muon.toml (Muon-style, eager and torch.compile'd);
 Symo with specs/gpt.toml (per-head gauges); the reference Shampoo (float64 eigh every step, as published) on the
 hidden matrices + AdamW; SOAP from Symo's preset, pytorch-optimizer and heavyball; SOAP-Muon (Symo's soap_muon,
-symo train's default step). The table goes to stdout and to benchmarks/results/step_overhead.md.
+symo train's default step) on gpt_muon.toml and on gpt_muon_qkv.toml (symo train's default spec). The table goes
+to stdout and to benchmarks/results/step_overhead.md.
 """
 
 from __future__ import annotations
@@ -148,9 +149,11 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
         makers[f"Symo soap, refresh {freq} (gpt_muon.toml)"] = (
             lambda m, freq=freq: Symo(m.named_parameters(), ROOT / "specs" / "gpt_muon.toml", preset="soap",
                                       precondition_frequency=freq))
-    # SOAP-Muon, symo train's default step: the polar factor of SOAP's direction, refreshed every 10 steps
-    makers["Symo soap_muon, refresh 10 (gpt_muon.toml)"] = lambda m: Symo(
-        m.named_parameters(), ROOT / "specs" / "gpt_muon.toml", preset="soap_muon")
+    # SOAP-Muon, symo train's default step: the polar factor of SOAP's direction, refreshed every 10 steps, on the
+    # Muon-style spec and on symo train's default spec (c_attn's query, key and value as three blocks)
+    for spec in ("gpt_muon", "gpt_muon_qkv"):
+        makers[f"Symo soap_muon, refresh 10 ({spec}.toml)"] = lambda m, spec=spec: Symo(
+            m.named_parameters(), ROOT / "specs" / f"{spec}.toml", preset="soap_muon")
     makers["SOAP (pytorch-optimizer), refresh 10 + AdamW"] = lambda m: Combo(
         library_soap("pytorch_optimizer", split(m)[0]), torch.optim.AdamW(split(m)[1], **adam_kw))
     makers["SOAP (heavyball), refresh 2 + AdamW"] = lambda m: Combo(
@@ -298,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     header = [
         "# Optimizer step overhead (benchmarks/step_overhead.py)",
         "",
-        "Command: `" + " ".join(["python", f"benchmarks/{Path(__file__).name}",
+        "Command: `" + " ".join(["python", "-m", "benchmarks.step_overhead",
                                  *(sys.argv[1:] if argv is None else argv)]) + "`",
         f"Machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"device {device}, torch {torch.__version__}; model gpt_bench ({n_params / 1e6:.2f} M parameters), "
