@@ -305,6 +305,33 @@ def test_soap_muon_under_fsdp_resumes_bit_identically(tmp_path):
     assert all(torch.isfinite(whole[n]).all() and torch.equal(whole[n], resumed[n]) for n in whole)
 
 
+def test_the_default_spec_is_gpt_muon_qkv_and_a_run_saved_with_gpt_muon_resumes_with_it(tmp_path, capsys):
+    """A new Symo run takes c_attn's query, key and value as three blocks (gpt_muon_qkv); a run saved with the
+    earlier default, gpt_muon (c_attn one block), resumes with gpt_muon and ends where its uninterrupted run ends."""
+    from symo.train import build_optimizer
+
+    cfg = tiny(tmp_path)
+    assert cfg.spec == "gpt_muon_qkv"
+    model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=11, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                          n_embd=cfg.n_embd))
+    assert "per qkv0: Y 3x16x16" in build_optimizer(model, cfg).describe()
+    straight = train(tiny(tmp_path, out_dir=str(tmp_path / "straight"), spec="gpt_muon"))
+
+    def interrupt(step, row):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    old = tiny(tmp_path, out_dir=str(tmp_path / "old"), spec="gpt_muon")
+    with pytest.raises(KeyboardInterrupt):
+        train(old, callback=interrupt)
+    assert cli.main(["train", "--resume", old.out_dir, "--no-progress"]) == 0
+    assert "spec gpt_muon)" in capsys.readouterr().out
+    resumed = torch.load(Path(old.out_dir) / "ckpt.pt", weights_only=False)
+    assert resumed["step"] == old.steps and resumed["options"]["spec"] == "gpt_muon"
+    for name, w in straight["model"].state_dict().items():
+        assert torch.equal(w, resumed["model"][name]), name
+
+
 def test_the_default_preset_is_soap_muon_and_a_run_without_one_still_resumes(tmp_path):
     """A new Symo run takes DEFAULT_PRESET at its rate; the other optimizers take none. A run saved with no preset
     (Symo's defaults, Muon's step: the default before soap_muon) resumes with its own step."""
