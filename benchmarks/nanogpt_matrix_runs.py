@@ -85,6 +85,11 @@ ARMS: dict[str, dict[str, Any]] = {
     # SOAP-Muon's tuned settings; here it is tuned as every arm is)
     "symo_soap_muon_gpt_muon_qkv": {"kind": "symo", "spec": "gpt_muon_qkv", "options": SOAP_MUON,
                                     "grid": [0.01, 0.02, 0.04], "label": "Symo SOAP-Muon, gpt_muon_qkv"},
+    # Muon's step on gpt_muon_qkv (q, k and v three polar factors, as Muon in the public speed records splits them):
+    # the baseline's own step with the split, tuned as every arm is, so that what SOAP-Muon gains on gpt_muon_qkv
+    # can be told apart from what the split gives any polar step
+    "symo_defaults_gpt_muon_qkv": {"kind": "symo", "spec": "gpt_muon_qkv", "options": {"update_scale": "muon"},
+                                   "grid": [0.01, 0.02, 0.04], "label": "Symo defaults (Muon's step), gpt_muon_qkv"},
     # SOAP-Muon whose inner SOAP refreshes as heavyball's does (every 2 steps, one step earlier, eps as a clamp,
     # QR with heavyball's shift): benchmarks/soap_gap.py found these worth 0.019 to `soap` at 0.26x Chinchilla
     "symo_soap_muon_heavyball_gpt_muon": {
