@@ -31,6 +31,25 @@ def loss_grad(w: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return w.grad
 
 
+def split_and_three(d: int, dtype: torch.dtype, options: dict) -> tuple:
+    """A 3d x d weight under SPLIT and its three thirds as separate parameters under THREE, each with its
+    optimizer (lr 0.02, weight decay 0.1, `options`), and a target for loss_grad."""
+    w = torch.nn.Parameter(torch.randn(3 * d, d, dtype=dtype))
+    parts = {n: torch.nn.Parameter(p.clone()) for n, p in zip(("wq", "wk", "wv"), w.detach().split(d))}
+    split = symo.Symo({"w": w}, symo.parse_spec(SPLIT), lr=0.02, weight_decay=0.1, **options)
+    three = symo.Symo(parts, symo.parse_spec(THREE), lr=0.02, weight_decay=0.1, **options)
+    return w, parts, split, three, torch.randn(3 * d, d, dtype=dtype)
+
+
+def step_both(w, parts, split, three, target) -> None:
+    """One step of both optimizers on the same gradients (the split weight's, cut into thirds)."""
+    w.grad = loss_grad(w, target)
+    for p, g in zip(parts.values(), w.grad.split(w.shape[1])):
+        p.grad = g.clone()
+    split.step()
+    three.step()
+
+
 def test_symo_train_builds_it_with_q_k_v_as_three_blocks():
     """`symo train --spec gpt_muon_qkv` builds: the spaces repeated per part of c_attn take their size from the
     shapes, where gpt_true's per-head bases take the head size."""
@@ -99,19 +118,10 @@ def test_rows_split_in_the_spec_step_as_three_separate_matrices(options):
     SOAP-Muon to 1e-4 of the distance moved (the stacked and the separate eigendecompositions round differently,
     and the first rotated step divides that rounding by eps)."""
     torch.manual_seed(1)
-    d = 6
-    w = torch.nn.Parameter(torch.randn(3 * d, d, dtype=F64))
-    parts = {n: torch.nn.Parameter(p.clone()) for n, p in zip(("wq", "wk", "wv"), w.detach().split(d))}
-    common = {"lr": 0.02, "weight_decay": 0.1, **options}
-    split = symo.Symo({"w": w}, symo.parse_spec(SPLIT), **common)
-    three = symo.Symo(parts, symo.parse_spec(THREE), **common)
-    target, start = torch.randn(3 * d, d, dtype=F64), w.detach().clone()
+    w, parts, split, three, target = split_and_three(6, F64, options)
+    start = w.detach().clone()
     for t in range(30):
-        w.grad = loss_grad(w, target)
-        for p, g in zip(parts.values(), w.grad.split(d)):
-            p.grad = g.clone()
-        split.step()
-        three.step()
+        step_both(w, parts, split, three, target)
         moved = torch.cat([p.detach() for p in parts.values()]) - start
         assert rel(w.detach() - start, moved) < (1e-4 if "preset" in options else 1e-15), t
 
@@ -123,19 +133,11 @@ def test_in_the_dtypes_users_train_in(dtype):
     which its Adam step in a rotated basis turns into O(1) moves, as between any two runs of SOAP (README, "Why two
     runs of one SOAP end apart"): both stay finite and move."""
     torch.manual_seed(1)
-    d = 6
     for options in ({"update_scale": "muon"}, {**SOAP_MUON, "stats_dtype": "float32", "precondition_frequency": 4}):
-        w = torch.nn.Parameter(torch.randn(3 * d, d, dtype=dtype))
-        parts = {n: torch.nn.Parameter(p.clone()) for n, p in zip(("wq", "wk", "wv"), w.detach().split(d))}
-        split = symo.Symo({"w": w}, symo.parse_spec(SPLIT), lr=0.02, weight_decay=0.1, **options)
-        three = symo.Symo(parts, symo.parse_spec(THREE), lr=0.02, weight_decay=0.1, **options)
-        target, start = torch.randn(3 * d, d, dtype=dtype), w.detach().clone()
+        w, parts, split, three, target = split_and_three(6, dtype, options)
+        start = w.detach().clone()
         for _ in range(30):
-            w.grad = loss_grad(w, target)
-            for p, g in zip(parts.values(), w.grad.split(d)):
-                p.grad = g.clone()
-            split.step()
-            three.step()
+            step_both(w, parts, split, three, target)
         together = torch.cat([p.detach() for p in parts.values()])
         assert torch.isfinite(w).all() and torch.isfinite(together).all() and not torch.equal(w.detach(), start)
         if "preset" in options:
