@@ -309,4 +309,11 @@ def test_errors_name_the_problem():
         la.prior_precision = torch.ones(7)
     with pytest.raises(ValueError, match="sigma_noise"):
         SymoLaplace(model, "mlp_relu", sigma_noise=2.0)
+    la.fit(loader)
+    with pytest.raises(ValueError, match="pred_type must be one of"):
+        la.predictive(x, pred_type="laplace")
+    with pytest.raises(ValueError, match="link_approx must be one of"):
+        la.predictive(x, link_approx="bridge")
+    with pytest.raises(ValueError, match="pred_type='nn' needs link_approx='mc'"):
+        la.predictive(x, pred_type="nn", link_approx="probit")
 

@@ -55,10 +55,8 @@ from .fitting import (
     resolve_estimator,
     resolve_subset,
 )
-from .predictive import jacobians, linearized_outputs, nn_outputs, probit
+from .predictive import check_predictive_options, jacobians, linearized_outputs, nn_outputs, probit
 
-PRED_TYPES = ("glm", "nn")
-LINK_APPROX = ("probit", "mc")
 # refuse factors beyond this many stored numbers: a block that large means the group is too small
 MAX_FACTOR_NUMBERS = 1 << 28
 
@@ -370,12 +368,7 @@ class SymoLaplace:
         "glm" + "probit": the linearised predictive's variance from Jacobians, probit link. "glm" + "mc":
         draws from the linearised predictive by forward-mode products, no Jacobian formed. "nn" + "mc":
         the network at sampled parameters."""
-        if pred_type not in PRED_TYPES:
-            raise ValueError(f"pred_type must be one of {PRED_TYPES}, got {pred_type!r}")
-        if link_approx not in LINK_APPROX:
-            raise ValueError(f"link_approx must be one of {LINK_APPROX}, got {link_approx!r}")
-        if pred_type == "nn" and link_approx != "mc":
-            raise ValueError("pred_type='nn' needs link_approx='mc'")
+        check_predictive_options(pred_type, link_approx)
         self._check_fit()
         x = x.to(self.mean.device)
         with torch.no_grad():
@@ -406,4 +399,4 @@ def _float64(value: float | torch.Tensor) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64)
 
 
-__all__ = ["LINK_APPROX", "PRED_TYPES", "SymoLaplace"]
+__all__ = ["SymoLaplace"]

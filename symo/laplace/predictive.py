@@ -7,7 +7,8 @@
   a sample: the route `predictive(..., pred_type="glm", link_approx="mc")` takes, and the one the
   benchmark uses for every posterior, laplace-torch's included;
 - `nn_outputs`: f(x; theta* + delta_s), the sampled network ("nn") predictive;
-- `probit`: the probit approximation softmax(f / sqrt(1 + pi/8 diag(Sigma_f))), as laplace-torch.
+- `probit`: the probit approximation softmax(f / sqrt(1 + pi/8 diag(Sigma_f))), as laplace-torch;
+- `PRED_TYPES`, `LINK_APPROX` and `check_predictive_options`: the predictive's options and their check.
 """
 
 from __future__ import annotations
@@ -19,6 +20,18 @@ import torch
 from torch.func import functional_call, jacrev, jvp, vmap
 
 Tensors = Mapping[str, torch.Tensor]
+PRED_TYPES = ("glm", "nn")
+LINK_APPROX = ("probit", "mc")
+
+
+def check_predictive_options(pred_type: str, link_approx: str) -> None:
+    """A ValueError naming the option unless (pred_type, link_approx) is a predictive `SymoLaplace` offers."""
+    if pred_type not in PRED_TYPES:
+        raise ValueError(f"pred_type must be one of {PRED_TYPES}, got {pred_type!r}")
+    if link_approx not in LINK_APPROX:
+        raise ValueError(f"link_approx must be one of {LINK_APPROX}, got {link_approx!r}")
+    if pred_type == "nn" and link_approx != "mc":
+        raise ValueError("pred_type='nn' needs link_approx='mc'")
 
 
 def jacobians(model: torch.nn.Module, params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor],
@@ -65,4 +78,5 @@ def probit(f_mu: torch.Tensor, f_var: torch.Tensor) -> torch.Tensor:
     return torch.softmax(f_mu / torch.sqrt(1.0 + math.pi / 8 * diag), dim=-1)
 
 
-__all__ = ["jacobians", "linearized_outputs", "nn_outputs", "probit"]
+__all__ = ["LINK_APPROX", "PRED_TYPES", "check_predictive_options", "jacobians", "linearized_outputs", "nn_outputs",
+           "probit"]
