@@ -83,6 +83,10 @@ CASES: dict[str, Case] = {
     "gpt_qkv_soap_muon": Case(_gpt, "gpt_muon_qkv", "transformer.h.1.attn.c_proj.weight",
                               options={"preset": "soap_muon", "stats_dtype": "float64", "precondition_frequency": 2},
                               whole_batch=True),
+    # NorMuon's rows after Muon's step: each rank normalizes its rows of a shard, and the norm it rescales to is the
+    # whole matrix's (one all-reduce under FSDP2)
+    "gpt_normuon": Case(_gpt, "gpt_muon", "transformer.h.1.attn.c_proj.weight",
+                        options={"update_scale": "muon", "neuron_norm_beta2": 0.9}),
     # two dtypes: one exchange per dtype each way
     "mixed_dtypes": Case(TwoBranches, "two_branches", "high.fc1.bias"),
     # collectives must not grow with the parameters: the same MLP, three times deeper

@@ -2,9 +2,9 @@
 steps, each block's matrix function on exactly one rank, a fixed number of collectives per step, and a
 torch.distributed.checkpoint save -> load -> resume bit-identical to the uninterrupted run.
 
-Every case has a stored statistic (the root kind; eigen_adam's two sides for SOAP-Muon; none for the Muon-path
-one), a frozen covered parameter, two parameter groups and widths no world size divides
-(tests/distributed_cases.py). One spawn per world size trains them all.
+Every case has a stored statistic (the root kind; eigen_adam's two sides for SOAP-Muon; NorMuon's rows for the
+NorMuon one; none for the Muon-path one), a frozen covered parameter, two parameter groups and widths no world
+size divides (tests/distributed_cases.py). One spawn per world size trains them all.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from symo.train.models import MLP
 
 MODES = ("fsdp", "replicated")
 EQUIVALENCE = ("mlp_tanh", "gpt_muon", "gpt_muon_path", "gpt_true", "rnn_tanh", "mlp_gradient", "shampoo_gm",
-               "mixed_dtypes", "gpt_soap_muon", "gpt_qkv_soap_muon")
+               "mixed_dtypes", "gpt_soap_muon", "gpt_qkv_soap_muon", "gpt_normuon")
 _RUNS: dict[int, dict] = {}
 
 
@@ -133,14 +133,16 @@ def test_each_block_is_computed_on_exactly_one_rank(world, mode, tmp_path_factor
 @pytest.mark.parametrize("world", [2, 4])
 def test_collectives_per_step_do_not_grow_with_the_parameters(world, tmp_path_factory):
     """FSDP2: one all-reduce (the finite-gradient check) and one all-to-all each way per dtype (the raw
-    gradients' statistics: one more, for the gradients); DDP: the updates' all-to-all alone, per dtype.
+    gradients' statistics: one more, for the gradients; NorMuon's rows: one all-reduce of every sharded matrix's
+    norms); DDP: the updates' all-to-all alone, per dtype.
     The same for a 3-layer MLP, a 7-layer one and the GPTs."""
     results = runs(world, tmp_path_factory)
     for rank_results in results["ranks"]:
         for name in EQUIVALENCE + ("mlp_deep",):
             dtypes = 2 if name == "mixed_dtypes" else 1
             ways = 2 + raw_gradient_statistic(name)
-            assert rank_results["fsdp", name]["collectives"] == [1 + dtypes * ways] * STEPS, name
+            rows = "neuron_norm_beta2" in CASES[name].options  # NorMuon's norms of the sharded matrices
+            assert rank_results["fsdp", name]["collectives"] == [1 + dtypes * ways + rows] * STEPS, name
         for name in EQUIVALENCE:
             dtypes = 2 if name == "mixed_dtypes" else 1
             assert rank_results["replicated", name]["collectives"] == [dtypes] * STEPS, name
@@ -160,7 +162,8 @@ def _resume_worker(rank: int, world: int, port: int, folder: str) -> None:
     init(rank, world, port)
     try:
         same = {}
-        for mode, name in (("fsdp", "mlp_tanh"), ("fsdp", "gpt_true"), ("replicated", "rnn_tanh")):
+        for mode, name in (("fsdp", "mlp_tanh"), ("fsdp", "gpt_true"), ("replicated", "rnn_tanh"),
+                           ("fsdp", "gpt_normuon")):
             ckpt = os.path.join(folder, f"{mode}_{name}")
             model, opt = _fresh(name, mode, seed=0)
             train(name, "", mode, range(3), model, opt)
@@ -205,7 +208,8 @@ def _fresh(name: str, mode: str, seed: int):
 @pytest.mark.slow
 def test_checkpoint_save_load_resume_is_bit_identical(tmp_path):
     """get_/set_optimizer_state_dict with dcp.save / dcp.load after 3 of 5 steps (beta2 > 0: the block
-    statistics must travel too), into an optimizer built on other weights: the same bits as no stop.
+    statistics must travel too; NorMuon's row statistics, sharded as their parameters), into an optimizer built on
+    other weights: the same bits as no stop.
     And a NaN gradient on one rank stops the step on every rank (no rank hangs in the exchange)."""
     world = 2
     mp.start_processes(_resume_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, start_method="fork")

@@ -5,8 +5,9 @@ reference written in Symo's conventions:
   model (its Newton-Schulz run in float32 as Symo's is): 30 steps on wide and tall matrices, to 1e-4 of the
   distance moved (both apply Muon's per-shape factor sqrt(max(1, rows / cols)));
 - the step is equivariant under the row permutations the spec declares;
-- a spec that rotates a matrix's rows, a kind without a polar factor, a bad rate and several processes are refused
-  by name;
+- a spec that rotates a matrix's rows, a kind without a polar factor, a bad rate, and DTensor parameters outside
+  the fsdp mode are refused by name; DDP and FSDP2 on one rank step as one process (several ranks:
+  tests/test_distributed.py);
 - float32 and bfloat16 on rank-deficient gradients with zero rows: never a NaN; a checkpoint resumes exactly.
 """
 
@@ -20,6 +21,8 @@ import torch
 import torch.distributed as dist
 from distributed_cases import free_port, init
 from helpers import keep_newton_schulz
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 import symo
 from benchmarks.nanogpt_matrix_runs import newton_schulz_in_float32
@@ -119,19 +122,60 @@ def test_bad_settings_are_refused_by_name(options, error, message):
         Symo(mlp().named_parameters(), symo.parse_spec(MUON_STYLE), **options)
 
 
-def test_a_distributed_optimizer_is_refused_and_says_what_to_do():
-    """A replicated (DDP) optimizer in a process group of one has a distributor, as it would on several ranks."""
+def test_ddp_and_fsdp2_on_one_rank_step_as_one_process_and_the_implicit_path_is_refused():
+    """In a process group of one, the replicated (DDP) and fsdp (FSDP2, DTensor parameters) modes have a
+    distributor as on several ranks: both end where one process ends (FSDP2 to the rounding of its norms, taken
+    from summed squares), FSDP2's row statistic is a DTensor of one entry per row placed as its parameter, and
+    DTensor parameters under distributed_mode='off' are refused by name (tests/test_distributed.py: 2 and 4
+    ranks)."""
+    spec = symo.parse_spec(MUON_STYLE)
+    x, y = batch()
+    alone = mlp()
+    opt = Symo(alone.named_parameters(), spec, preset="muon", lr=0.02, neuron_norm_beta2=0.95)
+    for _ in range(5):
+        step(alone, opt, x, y)
     init(0, 1, free_port())
     try:
-        model = mlp()
-        spec = symo.parse_spec(MUON_STYLE)
-        assert Symo(model.named_parameters(), spec, preset="muon", distributed_mode="replicated").distributor
-        with pytest.raises(ValueError, match=r"neuron_norm_beta2 runs in one process for now; leave it None under "
-                                             r"FSDP2 or DDP"):
-            Symo(model.named_parameters(), spec, preset="muon", distributed_mode="replicated",
-                 neuron_norm_beta2=0.95)
+        ddp = mlp()
+        opt = Symo(ddp.named_parameters(), spec, preset="muon", lr=0.02, distributed_mode="replicated",
+                   neuron_norm_beta2=0.95)
+        assert opt.distributor is not None
+        for _ in range(5):
+            step(ddp, opt, x, y)
+        for p, q in zip(alone.parameters(), ddp.parameters()):
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+        sharded = mlp()
+        for layer in sharded[::2]:
+            fully_shard(layer)
+        opt = Symo(sharded.named_parameters(), spec, preset="muon", lr=0.02, neuron_norm_beta2=0.95)
+        assert opt.distributor is not None and opt.distributor.mode == "fsdp"
+        for _ in range(5):
+            step(sharded, opt, x, y)
+        for p, q in zip(alone.parameters(), sharded.parameters()):
+            torch.testing.assert_close(p, q.full_tensor(), rtol=1e-12, atol=0)
+        statistic = opt.state[sharded[2].weight][STATE_KEY]
+        assert isinstance(statistic, DTensor) and tuple(statistic.shape) == (8, 1)
+        assert statistic.placements == sharded[2].weight.placements
+        with pytest.raises(ValueError, match=r"neuron_norm_beta2 with DTensor parameters \('0.weight'\) needs "
+                                             r"distributed_mode='fsdp' \(or 'auto'\), not 'off'"):
+            Symo(sharded.named_parameters(), spec, preset="muon", distributed_mode="off", neuron_norm_beta2=0.95)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_frozen_covered_matrix_is_left_alone():
+    """A covered matrix without a gradient (requires_grad=False) gets no row statistic and does not move; the
+    others step."""
+    spec = symo.parse_spec(MUON_STYLE)
+    x, y = batch()
+    frozen = mlp()
+    frozen[2].weight.requires_grad_(False)
+    before = frozen[2].weight.detach().clone()
+    opt = Symo(frozen.named_parameters(), spec, preset="muon", lr=0.02, neuron_norm_beta2=0.95)
+    for _ in range(3):
+        step(frozen, opt, x, y)
+    assert torch.equal(frozen[2].weight, before) and STATE_KEY not in opt.state[frozen[2].weight]
+    assert STATE_KEY in opt.state[frozen[0].weight]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -167,6 +167,13 @@ class Distributor:
             raise NonFiniteGradientError("a gradient holds NaN or inf on another rank (its message names the "
                                          "parameter); lower the learning rate or enable gradient clipping")
 
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over the ranks (one all-reduce; `t` itself on one rank)."""
+        if self.world > 1:
+            dist.all_reduce(t, group=self.group)
+            self.counters["collectives"] += 1
+        return t
+
     # ---------------------------------------------------------------- sizes
     def _row_numel(self, n: str) -> int:
         return math.prod(self.shapes[n][1:])
@@ -349,14 +356,15 @@ def zeros_like_param(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor
 
 
 def shard_like(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """A whole tensor of `p`'s shape as a DTensor placed like `p` (this rank's rows of it, no collective)."""
+    """A whole tensor with `p`'s rows (of `p`'s shape, or NorMuon's one statistic per row) as a DTensor placed like
+    `p` (this rank's rows of it, no collective)."""
     if not isinstance(p, DTensor) or isinstance(full, DTensor):
         return full
-    local = full
+    local = full = full.contiguous()
     if tuple(p.placements) == (Shard(0),):
         rows = _rows("", p, tuple(p.shape), p.device_mesh.size(), p.device_mesh.get_local_rank())
         rank = p.device_mesh.get_local_rank()
         local = full.narrow(0, sum(rows[:rank]), rows[rank])
-    return DTensor.from_local(local.clone(), p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                              stride=p.stride())
+    return DTensor.from_local(local.clone(), p.device_mesh, p.placements, run_check=False, shape=full.shape,
+                              stride=full.stride())
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..compiler import Spec, SpecError
 from ..runtime.compiled import CompiledSpec, check_finite_tensors, compile_for
@@ -197,9 +198,10 @@ class Symo(torch.optim.Optimizer):
         if cfg.neuron_norm_beta2 is not None:
             for stage in self.plan:  # every spec's group must leave the rows' statistic equivariant
                 neuron_norm.check_rows(stage.compiled, self.kind.name)
-            if self.distributor is not None:  # a row's norm is local to a dim-0 shard; the update's is not
-                raise ValueError("neuron_norm_beta2 runs in one process for now; leave it None under "
-                                 "FSDP2 or DDP (distributed_mode='off' steps each rank alone)")
+            sharded = sorted(n for n in covered if isinstance(named[n], DTensor))
+            if self.distributor is None and sharded:  # the implicit path's updates are DTensors, not rows
+                raise ValueError(f"neuron_norm_beta2 with DTensor parameters ({sharded[0]!r}) needs "
+                                 "distributed_mode='fsdp' (or 'auto'), not 'off'")
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Only at construction: the spec is compiled for the parameters given then."""
@@ -314,8 +316,10 @@ class Symo(torch.optim.Optimizer):
         if ctx.statistics_only:  # the statistics are kept; the momentum and the parameters start at the next step
             return
         if self.config.neuron_norm_beta2 is not None:  # NorMuon's rows, once every direction is computed
+            sharded = frozenset() if d is None else frozenset(n for n in names if d.rows[n] is not None)
             updates = neuron_norm.normalize(updates, {n: self.state[p] for n, p in zip(names, params)},
-                                            self.config.neuron_norm_beta2)
+                                            self.config.neuron_norm_beta2, dict(zip(names, params)),
+                                            None if d is None else d.all_sum, sharded)
         for p, buf, new in zip(params, bufs, new_bufs):
             if self.distributor is None:  # the new tensor becomes the buffer (no copy)
                 self.state[p]["momentum_buffer"] = new
