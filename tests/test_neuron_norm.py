@@ -125,9 +125,9 @@ def test_bad_settings_are_refused_by_name(options, error, message):
 def test_ddp_and_fsdp2_on_one_rank_step_as_one_process_and_the_implicit_path_is_refused():
     """In a process group of one, the replicated (DDP) and fsdp (FSDP2, DTensor parameters) modes have a
     distributor as on several ranks: both end where one process ends (FSDP2 to the rounding of its norms, taken
-    from summed squares), FSDP2's row statistic is a DTensor of one entry per row placed as its parameter, and
-    DTensor parameters under distributed_mode='off' are refused by name (tests/test_distributed.py: 2 and 4
-    ranks)."""
+    from summed squares). FSDP2's row statistic is a DTensor of one entry per row placed as its parameter, and a
+    consolidated checkpoint resumes it in one process and sharded. DTensor parameters under
+    distributed_mode='off' are refused by name. (tests/test_distributed.py: 2 and 4 ranks.)"""
     spec = symo.parse_spec(MUON_STYLE)
     x, y = batch()
     alone = mlp()
@@ -156,6 +156,25 @@ def test_ddp_and_fsdp2_on_one_rank_step_as_one_process_and_the_implicit_path_is_
         statistic = opt.state[sharded[2].weight][STATE_KEY]
         assert isinstance(statistic, DTensor) and tuple(statistic.shape) == (8, 1)
         assert statistic.placements == sharded[2].weight.placements
+        # the consolidated checkpoint resumes in one process and sharded again
+        whole, resharded = mlp(), mlp()
+        for layer in resharded[::2]:
+            fully_shard(layer)
+        with torch.no_grad():
+            for p, q, r in zip(whole.parameters(), resharded.parameters(), sharded.parameters()):
+                p.copy_(r.full_tensor())
+                q.copy_(r)
+        resumed = []
+        for model in (whole, resharded):
+            resumed.append(Symo(model.named_parameters(), spec, preset="muon", lr=0.02, neuron_norm_beta2=0.95))
+            resumed[-1].load_state_dict(opt.full_state_dict())
+        assert tuple(resumed[1].state[resharded[2].weight][STATE_KEY].shape) == (8, 1)
+        for _ in range(2):
+            for model, o in ((sharded, opt), (whole, resumed[0]), (resharded, resumed[1])):
+                step(model, o, x, y)
+        for p, q, r in zip(whole.parameters(), resharded.parameters(), sharded.parameters()):
+            torch.testing.assert_close(p, r.full_tensor(), rtol=1e-12, atol=0)
+            torch.testing.assert_close(q.full_tensor(), r.full_tensor(), rtol=0, atol=0)
         with pytest.raises(ValueError, match=r"neuron_norm_beta2 with DTensor parameters \('0.weight'\) needs "
                                              r"distributed_mode='fsdp' \(or 'auto'\), not 'off'"):
             Symo(sharded.named_parameters(), spec, preset="muon", distributed_mode="off", neuron_norm_beta2=0.95)
