@@ -1,6 +1,6 @@
 """SOAP's conventions and settings, one change at a time, on the nanoGPT reference regime.
 
-Five studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
+Six studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
 the campaign's three seeds (same initialization and batches), each variant paired with its study's base seed by seed:
 
 - `soap`: which convention separates the authors' SOAP from heavyball's. In benchmarks/results/nanogpt_matrix.md,
@@ -21,10 +21,13 @@ the campaign's three seeds (same initialization and batches), each variant paire
   rows three matrices (each its own polar factor, and under SOAP-Muon its own two Kronecker sides) where gpt_muon
   keeps the one 3 d x d matrix; the first study asks it of SOAP-Muon (with seeds 3-5, as above), the second of
   Muon's own step (Symo's defaults at their tuned rate and decay).
+- `qkv_refresh`: how often SOAP-Muon refreshes its two Kronecker bases on gpt_muon_qkv (`symo train`'s default):
+  every 10 steps (the preset, the authors' SOAP), 5 or 2 (heavyball's). Refreshing every 2 was worth 0.008 to
+  `soap` in the first study; the campaign's heavyball-refresh SOAP-Muon arm changed four details at once.
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 47 runs of about 10 minutes on 2 workers (about 4 h)
+    python -m benchmarks.soap_gap              # 53 runs of about 10 minutes on 2 workers (about 4.5 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0) are read from
@@ -115,6 +118,16 @@ STUDIES: dict[str, Study] = {
         "muon_step": ("Muon's step (Symo's defaults), gpt_muon", "symo_defaults_gpt_muon", {"update_scale": "muon"}),
         "muon_step_qkv": ("Muon's step (Symo's defaults), gpt_muon_qkv", None, {"update_scale": "muon"}),
     }, specs={"muon_step_qkv": "gpt_muon_qkv"}),
+    # how often SOAP-Muon's two Kronecker bases are refreshed, on the default spec: heavyball's every 2 steps was
+    # worth 0.008 to `soap` (the first study); the campaign's heavyball-refresh SOAP-Muon arm changed four details at
+    # once, so this asks the refresh period alone
+    "qkv_refresh": Study("SOAP-Muon on gpt_muon_qkv: how often the bases are refreshed", 0.02, 0.1, {
+        "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv, refresh every 10 steps (the preset)", None, SOAP_MUON),
+        "soap_muon_qkv_refresh_5": ("SOAP-Muon, gpt_muon_qkv, refresh every 5 steps", None,
+                                    {**SOAP_MUON, "precondition_frequency": 5}),
+        "soap_muon_qkv_refresh_2": ("SOAP-Muon, gpt_muon_qkv, refresh every 2 steps", None,
+                                    {**SOAP_MUON, "precondition_frequency": 2}),
+    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_refresh_5", "soap_muon_qkv_refresh_2")}),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
