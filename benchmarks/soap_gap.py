@@ -1,6 +1,6 @@
 """SOAP's conventions and settings, one change at a time, on the nanoGPT reference regime.
 
-Six studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
+Eight studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
 the campaign's three seeds (same initialization and batches), each variant paired with its study's base seed by seed:
 
 - `soap`: which convention separates the authors' SOAP from heavyball's. In benchmarks/results/nanogpt_matrix.md,
@@ -24,15 +24,19 @@ the campaign's three seeds (same initialization and batches), each variant paire
 - `qkv_refresh`: how often SOAP-Muon refreshes its two Kronecker bases on gpt_muon_qkv (`symo train`'s default):
   every 10 steps (the preset, the authors' SOAP), 5 or 2 (heavyball's). Refreshing every 2 was worth 0.008 to
   `soap` in the first study; the campaign's heavyball-refresh SOAP-Muon arm changed four details at once.
+- `decay_soap_muon` and `decay_heavyball`: a decay past the campaign's grid. At 0.26x Chinchilla SOAP-Muon on
+  gpt_muon_qkv and heavyball's SOAP both chose 0.1, the largest of {0, 0.05, 0.1}, where Muon's choice (0.05) is
+  inside it; the campaign extends a rate grid at its edge but not the decay's. Each runs its arm at 0.2 beside 0.1
+  (heavyball's SOAP as the campaign builds it).
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 53 runs of about 10 minutes on 2 workers (about 4.5 h)
+    python -m benchmarks.soap_gap              # 59 runs of about 10 minutes on 2 workers (about 5 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
-Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0) are read from
-its run cache; a variant two studies name is one run; new runs go to benchmarks/results/soap_gap_runs.json.
-Writes soap_gap.{md,json,png}.
+Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0, heavyball's SOAP
+at its tuned decay) are read from its run cache; a variant two studies name is one run; new runs go to
+benchmarks/results/soap_gap_runs.json. Writes soap_gap.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -64,14 +68,16 @@ SIX_SEEDS, EXTRA_SEEDS = {"soap_muon": "soap_muon_neuron_norm", "qkv": "soap_muo
 @dataclass(frozen=True)
 class Study:
     """Variants of one preset at one (rate, decay). `variants`: name -> (label, the campaign arm whose runs it
-    reuses or None, the Symo options); the first variant is the base every other is paired with. `specs`: the
-    bundled spec of a variant that does not run on gpt_muon."""
+    reuses or None, the Symo options, or None for the campaign arm itself, run here where its cache lacks the
+    run); the first variant is the base every other is paired with. `specs`: the bundled spec of a variant that
+    does not run on gpt_muon. `wds`: the decay of a variant that runs at another than the study's."""
 
     title: str
     lr: float
     wd: float
-    variants: dict[str, tuple[str, str | None, dict]]
+    variants: dict[str, tuple[str, str | None, dict | None]]
     specs: dict[str, str] = field(default_factory=dict)
+    wds: dict[str, float] = field(default_factory=dict)
 
     @property
     def base(self) -> str:
@@ -128,6 +134,18 @@ STUDIES: dict[str, Study] = {
         "soap_muon_qkv_refresh_2": ("SOAP-Muon, gpt_muon_qkv, refresh every 2 steps", None,
                                     {**SOAP_MUON, "precondition_frequency": 2}),
     }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_refresh_5", "soap_muon_qkv_refresh_2")}),
+    # the decay grid's edge: at 0.26x Chinchilla SOAP-Muon on gpt_muon_qkv and heavyball's SOAP both chose 0.1, the
+    # largest decay of the campaign's grid {0, 0.05, 0.1} (SOAP-Muon's seed-0 losses fall across it: 1.5222, 1.5184,
+    # 1.5067), while Muon's choice, 0.05, is inside; the campaign extends a rate grid at its edge, not the decay's
+    "decay_soap_muon": Study("SOAP-Muon on gpt_muon_qkv: a decay past the grid's edge", 0.02, 0.1, {
+        "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv, decay 0.1 (its tuned, the grid's largest)", None, SOAP_MUON),
+        "soap_muon_qkv_wd_0.2": ("SOAP-Muon, gpt_muon_qkv, decay 0.2", None, SOAP_MUON),
+    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_wd_0.2")},
+        wds={"soap_muon_qkv_wd_0.2": 0.2}),
+    "decay_heavyball": Study("heavyball's SOAP: a decay past the grid's edge", 6e-3, 0.1, {
+        "heavyball_soap": ("SOAP (heavyball), decay 0.1 (its tuned, the grid's largest)", "soap", None),
+        "heavyball_soap_wd_0.2": ("SOAP (heavyball), decay 0.2", "soap", None),
+    }, wds={"heavyball_soap_wd_0.2": 0.2}),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
@@ -148,10 +166,11 @@ def jobs(campaign: RunCache) -> list[dict]:
     setup, out = REGIMES[REGIME], []
     for study_name, study in STUDIES.items():
         for variant, (label, arm, options) in study.variants.items():
+            wd = study.wds.get(variant, study.wd)
             for seed in SEEDS + (EXTRA_SEEDS if SIX_SEEDS.get(study_name) == variant else ()):
-                job = job_for(REGIME, setup, arm, study.lr, study.wd, seed) if arm else None
-                if job is None or job["key"] not in campaign:
-                    job = job_for(REGIME, setup, f"soap_gap_{variant}", study.lr, study.wd, seed)
+                job = job_for(REGIME, setup, arm, study.lr, wd, seed) if arm else None
+                if options is not None and (job is None or job["key"] not in campaign):
+                    job = job_for(REGIME, setup, f"soap_gap_{variant}", study.lr, wd, seed)
                     job["arm_config"] = {"kind": "symo", "spec": study.specs.get(variant, "gpt_muon"),
                                          "options": options, "label": label}
                 job["study"], job["variant"] = study_name, variant
@@ -293,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         "# SOAP's conventions and settings on nanoGPT, one change at a time",
         "",
         f"Command: `python -m benchmarks.soap_gap` ({n_runs} runs; the soap and soap_muon studies' base "
-        "runs and soap_heavyball's seed 0 come from the campaign's run cache)",
+        "runs, soap_heavyball's seed 0 and heavyball's SOAP at its tuned decay come from the campaign's run cache)",
         "",
         f"The nanoGPT campaign's {REGIME} regime (benchmarks/nanogpt_matrix.py), the gpt_muon spec unless a row "
         f"names another, seeds {', '.join(map(str, SEEDS))}; each variant changes what its row says and nothing "

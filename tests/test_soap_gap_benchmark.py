@@ -21,8 +21,18 @@ def test_campaign_runs_are_reused_and_the_others_carry_their_own_configuration(t
     planned = jobs(campaign)  # an empty campaign: every run is new, each with its variant's options
     assert len(planned) == (sum(len(study.variants) for study in STUDIES.values()) * len(SEEDS)
                             + len(SIX_SEEDS) * len(EXTRA_SEEDS))
-    assert all(job["arm_config"]["options"] == STUDIES[job["study"]].variants[job["variant"]][2] for job in planned)
+    # a variant with options runs them; one without is its campaign arm itself, at the variant's decay
+    for job in planned:
+        study = STUDIES[job["study"]]
+        _, arm, options = study.variants[job["variant"]]
+        assert job["wd"] == study.wds.get(job["variant"], study.wd) and job["lr"] == study.lr
+        if options is None:
+            assert job["arm"] == arm and "arm_config" not in job
+        else:
+            assert job["arm_config"]["options"] == options
     assert {(job["lr"], job["wd"]) for job in planned if job["study"] == "soap_muon"} == {(0.02, 0.1)}
+    assert {(job["variant"], job["wd"]) for job in planned if job["study"] == "decay_heavyball"} == {
+        ("heavyball_soap", 0.1), ("heavyball_soap_wd_0.2", 0.2)}
     reused = next(job for job in planned if job["variant"] == "soap" and job["seed"] == 0)
     campaign_key = reused["key"].replace("soap_gap_soap", "symo_soap_gpt_muon")
     campaign.put(campaign_key, {"final_val": 1.5})
@@ -31,8 +41,8 @@ def test_campaign_runs_are_reused_and_the_others_carry_their_own_configuration(t
     # one run per variant and seed: a variant two studies name (each study's base is a row of another) is one run
     assert len({job["key"] for job in jobs(campaign)}) == len({(job["variant"], job["seed"]) for job in planned})
     for variant in {job["variant"] for job in planned}:
-        named = [(study.lr, study.wd, study.variants[variant][1:]) for study in STUDIES.values()
-                 if variant in study.variants]
+        named = [(study.lr, study.wds.get(variant, study.wd), study.variants[variant][1:])
+                 for study in STUDIES.values() if variant in study.variants]
         assert all(entry == named[0] for entry in named), variant
 
 
