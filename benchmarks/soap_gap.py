@@ -1,6 +1,6 @@
 """SOAP's conventions and settings, one change at a time, on the nanoGPT reference regime.
 
-Eight studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
+Nine studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
 the campaign's three seeds (same initialization and batches), each variant paired with its study's base seed by seed:
 
 - `soap`: which convention separates the authors' SOAP from heavyball's. In benchmarks/results/nanogpt_matrix.md,
@@ -28,10 +28,15 @@ the campaign's three seeds (same initialization and batches), each variant paire
   gpt_muon_qkv and heavyball's SOAP both chose 0.1, the largest of {0, 0.05, 0.1}, where Muon's choice (0.05) is
   inside it; the campaign extends a rate grid at its edge but not the decay's. Each runs its arm at 0.2 beside 0.1
   (heavyball's SOAP as the campaign builds it).
+- `qkv_polar_sides`: what two of SOAP-Muon's details are worth on gpt_muon_qkv. Its polar factor is exact (Symo's
+  Auto takes it by eigh for sides up to 128, all of this model's), where the Muon arm runs Muon's quintic
+  Newton-Schulz, whose map sends singular values above about 0.3% of the matrix's Frobenius norm to between 0.68
+  and 1.13 and shrinks smaller ones; and it rotates both Kronecker sides. One variant takes the polar factor by
+  Muon's iteration, one rotates the rows' side only (`two_sided=False`).
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 59 runs of about 10 minutes on 2 workers (about 5 h)
+    python -m benchmarks.soap_gap              # 65 runs of about 10 minutes on 2 workers (about 5.5 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0, heavyball's SOAP
@@ -56,7 +61,7 @@ from benchmarks.nanogpt_matrix_runs import (
     job_for,
     runs_beside_the_campaign,
 )
-from symo.optim import PowerQR
+from symo.optim import NewtonSchulz, PowerQR
 
 NAME = "soap_gap"
 REGIME, SEEDS = "reference", (0, 1, 2)
@@ -146,6 +151,17 @@ STUDIES: dict[str, Study] = {
         "heavyball_soap": ("SOAP (heavyball), decay 0.1 (its tuned, the grid's largest)", "soap", None),
         "heavyball_soap_wd_0.2": ("SOAP (heavyball), decay 0.2", "soap", None),
     }, wds={"heavyball_soap_wd_0.2": 0.2}),
+    # what two of SOAP-Muon's details are worth on gpt_muon_qkv: the exact polar factor (by eigh, as
+    # Symo's Auto takes it for sides up to 128, where the Muon arm runs Muon's quintic Newton-Schulz), and the second
+    # Kronecker side (two_sided=False rotates only the rows' side, one-sided SOAP's basis)
+    "qkv_polar_sides": Study("SOAP-Muon on gpt_muon_qkv: Muon's inexact polar factor, and one Kronecker side", 0.02,
+                             0.1, {
+        "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv (exact polar factor, both sides: the preset)", None, SOAP_MUON),
+        "soap_muon_qkv_ns": ("SOAP-Muon, gpt_muon_qkv, polar by Muon's quintic Newton-Schulz (5 steps, float32)",
+                             None, {**SOAP_MUON, "backend": NewtonSchulz()}),
+        "soap_muon_qkv_one_sided": ("SOAP-Muon, gpt_muon_qkv, one side rotated (two_sided=False)", None,
+                                    {**SOAP_MUON, "two_sided": False}),
+    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_ns", "soap_muon_qkv_one_sided")}),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from benchmarks.harness import RunCache
-from benchmarks.nanogpt_matrix_runs import RESULTS
+from benchmarks.nanogpt_matrix_runs import REGIMES, RESULTS
 from benchmarks.soap_gap import EXTRA_SEEDS, SEEDS, SIX_SEEDS, STUDIES, jobs, muon_runs, six_seeds, summarize
 
 SOAP = STUDIES["soap"]
@@ -141,3 +141,26 @@ def test_the_six_seed_rows_of_the_base_and_of_muon_are_soap_seeds_own() -> None:
     assert data[study.base]["diff_to_muon_ci95"] == pytest.approx(
         reference["symo_soap_muon_gpt_muon"]["seeds_6"]["diff_to_muon_ci95"], abs=1e-12)
     assert "| Muon |" in table
+
+
+def test_the_polar_and_sides_variants_change_only_what_their_labels_name() -> None:
+    from symo import Symo
+    from symo.optim import NewtonSchulz
+    from symo.train.models import GPT, GPTConfig
+
+    study = STUDIES["qkv_polar_sides"]
+    base = study.variants[study.base][2]
+    assert base == STUDIES["qkv"].variants["soap_muon_qkv"][2] and (study.lr, study.wd) == (0.02, 0.1)
+    assert set(study.specs) == set(study.variants) and set(study.specs.values()) == {"gpt_muon_qkv"}
+    changed = {variant: {k: v for k, v in options.items() if base.get(k) != v}
+               for variant, (_, _, options) in study.variants.items()}
+    assert changed == {"soap_muon_qkv": {}, "soap_muon_qkv_ns": {"backend": NewtonSchulz()},
+                       "soap_muon_qkv_one_sided": {"two_sided": False}}
+    # on the reference model the base takes every block's polar factor exactly, the variant by Muon's iteration
+    setup = REGIMES["reference"]
+    model = GPT(GPTConfig(block_size=setup["block_size"], vocab_size=80, n_layer=setup["n_layer"],
+                          n_head=setup["n_head"], n_embd=setup["n_embd"]))
+    for variant, backend in (("soap_muon_qkv", "eigh"), ("soap_muon_qkv_ns", "newton_schulz (iterate)")):
+        blocks = [line for line in Symo(model, "gpt_muon_qkv", lr=0.02, **study.variants[variant][2]).describe()
+                  .splitlines() if line.lstrip().startswith("L") and "backend=" in line]
+        assert len(blocks) == 4 * setup["n_layer"] and all(f"backend={backend};" in line for line in blocks), blocks
