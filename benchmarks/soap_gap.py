@@ -32,11 +32,12 @@ the campaign's three seeds (same initialization and batches), each variant paire
   Auto takes it by eigh for sides up to 128, all of this model's), where the Muon arm runs Muon's quintic
   Newton-Schulz, whose map sends singular values above about 0.3% of the matrix's Frobenius norm to between 0.68
   and 1.13 and shrinks smaller ones; and it rotates both Kronecker sides. One variant takes the polar factor by
-  Muon's iteration, one rotates the rows' side only (`two_sided=False`).
+  Muon's iteration, one rotates the rows' side only (`two_sided=False`); the latter also runs seeds 3-5, paired
+  with the base's seeds 3-5 from the `qkv` study.
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 65 runs of about 10 minutes on 2 workers (about 5.5 h)
+    python -m benchmarks.soap_gap              # 68 runs of about 10 minutes on 2 workers (about 6 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0, heavyball's SOAP
@@ -67,7 +68,16 @@ NAME = "soap_gap"
 REGIME, SEEDS = "reference", (0, 1, 2)
 # a variant that also runs seeds 3-5, paired with its base's and Muon's seeds 3-5 from benchmarks/soap_seeds.py's
 # run cache: the 0.85x goal is about figures that move by 0.1x between three-seed subsets
-SIX_SEEDS, EXTRA_SEEDS = {"soap_muon": "soap_muon_neuron_norm", "qkv": "soap_muon_qkv"}, (3, 4, 5)
+SIX_SEEDS, EXTRA_SEEDS = {"soap_muon": "soap_muon_neuron_norm", "qkv": "soap_muon_qkv",
+                           "qkv_polar_sides": "soap_muon_qkv_one_sided"}, (3, 4, 5)
+
+
+def six_seeded(study_name: str, variant: str) -> bool:
+    """Whether `variant` of the study runs seeds 3-5 too: the study's six-seed variant, and its base where the base
+    is no campaign arm (a campaign arm's seeds 3-5 are soap_seeds' runs)."""
+    study = STUDIES[study_name]
+    return study_name in SIX_SEEDS and (variant == SIX_SEEDS[study_name] or (
+        variant == study.base and study.variants[study.base][1] is None))
 
 
 @dataclass(frozen=True)
@@ -183,7 +193,7 @@ def jobs(campaign: RunCache) -> list[dict]:
     for study_name, study in STUDIES.items():
         for variant, (label, arm, options) in study.variants.items():
             wd = study.wds.get(variant, study.wd)
-            for seed in SEEDS + (EXTRA_SEEDS if SIX_SEEDS.get(study_name) == variant else ()):
+            for seed in SEEDS + (EXTRA_SEEDS if six_seeded(study_name, variant) else ()):
                 job = job_for(REGIME, setup, arm, study.lr, wd, seed) if arm else None
                 if options is not None and (job is None or job["key"] not in campaign):
                     job = job_for(REGIME, setup, f"soap_gap_{variant}", study.lr, wd, seed)
@@ -225,15 +235,16 @@ def summarize(study: Study, records: dict[str, list[dict]], muon_final: float | 
 
 def six_seeds(study: Study, variant: str, records: dict[str, list[dict]], seeds_cache: RunCache,
               muon: dict[int, dict]) -> tuple[dict, str] | None:
-    """`variant` against its study's base and Muon over seeds 0-5 (the base's and Muon's seeds 3-5 from
-    soap_seeds' run cache): final losses, paired intervals, and the steps each seed-mean curve takes to Muon's
-    six-seed mean final loss as a ratio of Muon's own (the campaign's `Muon-loss steps`, on six seeds). None until
-    every run is there."""
+    """`variant` against its study's base and Muon over seeds 0-5 (Muon's seeds 3-5 from soap_seeds' run cache, and
+    the base's where it is a campaign arm; else they are in `records`, run here): final losses, paired intervals,
+    and the steps each seed-mean curve takes to Muon's six-seed mean final loss as a ratio of Muon's own (the
+    campaign's `Muon-loss steps`, on six seeds). None until every run is there."""
     seeds = SEEDS + EXTRA_SEEDS
     arm = study.variants[study.base][1]
     base = {r["seed"]: r for r in records[study.base]}
-    base |= {s: seeds_cache[k] for s in EXTRA_SEEDS
-             if (k := job_for(REGIME, REGIMES[REGIME], arm, study.lr, study.wd, s)["key"]) in seeds_cache}
+    if arm is not None:
+        base |= {s: seeds_cache[k] for s in EXTRA_SEEDS
+                 if (k := job_for(REGIME, REGIMES[REGIME], arm, study.lr, study.wd, s)["key"]) in seeds_cache}
     runs = {"muon": muon, study.base: base, variant: {r["seed"]: r for r in records[variant]}}
     labels = {"muon": "Muon", study.base: study.variants[study.base][0], variant: study.variants[variant][0]}
     if any(set(by_seed) != set(seeds) for by_seed in runs.values()):
@@ -254,7 +265,8 @@ def six_seeds(study: Study, variant: str, records: dict[str, list[dict]], seeds_
                  for other, (lo, hi) in zip((muon, base), intervals)]
         steps = "not reached" if reach is None else f"{reach / muon_steps:.2f}x"
         rows.append(f"| {labels[name]} | {m:.4f} ± {sd:.4f} | {cells[0]} | {cells[1]} | {steps} |")
-    table = [f"Six seeds ({', '.join(map(str, seeds))}; seeds 3-5 of the base and of Muon from "
+    from_seeds = "of the base and of Muon" if arm is not None else "of Muon"
+    table = [f"Six seeds ({', '.join(map(str, seeds))}; seeds 3-5 {from_seeds} from "
              f"benchmarks/soap_seeds.py's runs; Muon's six-seed mean final loss {muon_final:.4f}):", "",
              f"| arm | final val (6 seeds) | diff to Muon, 95% | diff to {study.base}, 95% | Muon-loss steps |",
              "|---|---|---|---|---|", *rows]

@@ -19,8 +19,13 @@ SOAP = STUDIES["soap"]
 def test_campaign_runs_are_reused_and_the_others_carry_their_own_configuration(tmp_path) -> None:
     campaign = RunCache(tmp_path / "campaign.json")
     planned = jobs(campaign)  # an empty campaign: every run is new, each with its variant's options
+    # seeds 3-5 for each study's six-seed variant, and for a base that is no campaign arm (qkv_polar_sides' base
+    # is the qkv study's six-seed variant: the same runs)
+    six = {(job["study"], job["variant"]) for job in planned if job["seed"] in EXTRA_SEEDS}
+    assert six == {("soap_muon", "soap_muon_neuron_norm"), ("qkv", "soap_muon_qkv"),
+                   ("qkv_polar_sides", "soap_muon_qkv"), ("qkv_polar_sides", "soap_muon_qkv_one_sided")}
     assert len(planned) == (sum(len(study.variants) for study in STUDIES.values()) * len(SEEDS)
-                            + len(SIX_SEEDS) * len(EXTRA_SEEDS))
+                            + len(six) * len(EXTRA_SEEDS))
     # a variant with options runs them; one without is its campaign arm itself, at the variant's decay
     for job in planned:
         study = STUDIES[job["study"]]
@@ -164,3 +169,22 @@ def test_the_polar_and_sides_variants_change_only_what_their_labels_name() -> No
         blocks = [line for line in Symo(model, "gpt_muon_qkv", lr=0.02, **study.variants[variant][2]).describe()
                   .splitlines() if line.lstrip().startswith("L") and "backend=" in line]
         assert len(blocks) == 4 * setup["n_layer"] and all(f"backend={backend};" in line for line in blocks), blocks
+
+
+def test_a_base_that_is_no_campaign_arm_brings_its_own_seeds_3_to_5() -> None:
+    study = STUDIES["qkv_polar_sides"]
+    variant = SIX_SEEDS["qkv_polar_sides"]
+    assert study.variants[study.base][1] is None
+    seeds_cache = RunCache(RESULTS / "soap_seeds_runs.json")
+    muon = muon_runs(RunCache(RESULTS / "nanogpt_matrix_reference_runs.json"), seeds_cache)
+
+    def runs(level: float) -> list[dict]:
+        return [{"seed": s, "final_val": level + 1e-3 * s, "evals": [(0, 3.0), (1000, level + 1e-3 * s)]}
+                for s in SEEDS + EXTRA_SEEDS]
+
+    base, other = runs(1.52), runs(1.53)
+    assert six_seeds(study, variant, {study.base: base[:3], variant: other}, seeds_cache, muon) is None
+    data, table = six_seeds(study, variant, {study.base: base, variant: other}, seeds_cache, muon)
+    assert data[study.base]["final_val_mean"] == pytest.approx(1.52 + 2.5e-3)
+    assert data[variant]["diff_to_base_ci95"] == pytest.approx([0.01, 0.01])
+    assert "seeds 3-5 of Muon from" in table
