@@ -30,9 +30,9 @@ the campaign's three seeds (same initialization and batches), each variant paire
   (heavyball's SOAP as the campaign builds it).
 - `qkv_polar_sides`: what two of SOAP-Muon's details are worth on gpt_muon_qkv. Its polar factor is exact (Symo's
   Auto takes it by eigh for sides up to 128, all of this model's), where the Muon arm runs Muon's quintic
-  Newton-Schulz, whose map sends singular values above about 0.3% of the matrix's Frobenius norm to between 0.68
-  and 1.13 and shrinks smaller ones; and it rotates both Kronecker sides. One variant takes the polar factor by
-  Muon's iteration, one rotates the rows' side only (`two_sided=False`); the latter also runs seeds 3-5, paired
+  Newton-Schulz, whose map sends singular values above about 0.3% of the matrix's Frobenius norm to between 0.68 and
+  1.13 and shrinks smaller ones; and it rotates both Kronecker sides. One variant takes the polar factor by Muon's
+  iteration, one rotates only the input side, W's columns (`two_sided=False`); the latter also runs seeds 3-5, paired
   with the base's seeds 3-5 from the `qkv` study.
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
@@ -163,7 +163,7 @@ STUDIES: dict[str, Study] = {
     }, wds={"heavyball_soap_wd_0.2": 0.2}),
     # what two of SOAP-Muon's details are worth on gpt_muon_qkv: the exact polar factor (by eigh, as
     # Symo's Auto takes it for sides up to 128, where the Muon arm runs Muon's quintic Newton-Schulz), and the second
-    # Kronecker side (two_sided=False rotates only the rows' side, one-sided SOAP's basis)
+    # Kronecker side (two_sided=False rotates only the input side, W's columns: one-sided SOAP's basis)
     "qkv_polar_sides": Study("SOAP-Muon on gpt_muon_qkv: Muon's inexact polar factor, and one Kronecker side", 0.02,
                              0.1, {
         "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv (exact polar factor, both sides: the preset)", None, SOAP_MUON),
