@@ -66,8 +66,9 @@ from symo.optim import NewtonSchulz, PowerQR
 
 NAME = "soap_gap"
 REGIME, SEEDS = "reference", (0, 1, 2)
-# a variant that also runs seeds 3-5, paired with its base's and Muon's seeds 3-5 from benchmarks/soap_seeds.py's
-# run cache: the 0.85x goal is about figures that move by 0.1x between three-seed subsets
+# a variant that also runs seeds 3-5, paired with Muon's seeds 3-5 from benchmarks/soap_seeds.py's run cache and with
+# its base's (from there too where the base is a campaign arm): the 0.85x goal is about figures that move by 0.1x
+# between three-seed subsets
 SIX_SEEDS, EXTRA_SEEDS = {"soap_muon": "soap_muon_neuron_norm", "qkv": "soap_muon_qkv",
                            "qkv_polar_sides": "soap_muon_qkv_one_sided"}, (3, 4, 5)
 
