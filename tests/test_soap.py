@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from helpers import assert_polar_of_the_librarys_direction
+from helpers import assert_polar_of_the_librarys_direction, polar, rel
 
 import symo
 from symo.optim import Symo
@@ -115,6 +115,50 @@ def test_soap_muon_is_the_polar_factor_of_soaps_direction():
                nesterov=False, backend="eigh", stats_dtype="float64", precondition_frequency=3, lr=0.05)
     lib = pytorch_optimizer.SOAP([twin], lr=1.0, weight_decay=0.0, precondition_frequency=3)
     assert_polar_of_the_librarys_direction(opt, lib, w, twin, torch.randn(5, 5, dtype=F64), lr=0.05, steps=12)
+
+
+def test_eigenbasis_power_is_the_signed_root_in_the_librarys_eigenbasis():
+    """eigenbasis_power=0.5, the SOAP authors' SOAP-Muon code: each update is lr Q_L [sign(o) |o|^0.5] Q_R^T
+    rescaled to polar(N)'s norm, o = Q_L^T polar(N) Q_R, N pytorch-optimizer's SOAP direction and Q_L, Q_R that
+    library's own eigenbases before its step (a basis column's sign or order does not change the result)."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 5, dtype=F64))
+    twin = torch.nn.Parameter(w.detach().clone())
+    target = torch.randn(5, 5, dtype=F64)
+    spec = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
+    opt = Symo({"w": w}, spec, preset="then_orthogonalize", inner="eigen_adam", two_sided=True, eigenbasis_power=0.5,
+               nesterov=False, backend="eigh", stats_dtype="float64", precondition_frequency=3, lr=0.05)
+    lib = pytorch_optimizer.SOAP([twin], lr=1.0, weight_decay=0.0, precondition_frequency=3)
+    moved_off_the_polar_factor = []
+    for t in range(12):
+        w.grad = None
+        (((w - target) ** 3).sum() + (w @ w.T).square().sum()).backward()
+        twin.grad = w.grad.clone()
+        before, lib_before = w.detach().clone(), twin.detach().clone()
+        bases = [q.clone() for q in lib.state[twin]["Q"]] if t > 0 else None
+        opt.step()
+        lib.step()
+        if t == 0:
+            continue
+        o = polar(lib_before - twin.detach())
+        coords = bases[0].T @ o @ bases[1]
+        rooted = bases[0] @ (coords.sign() * coords.abs().sqrt()) @ bases[1].T
+        expected = 0.05 * rooted * (o.norm() / rooted.norm())
+        # the first rotated step: the basis is the first gradient's singular vectors, so o is nearly diagonal, and
+        # the root's infinite slope at 0 lifts its off-diagonal rounding to 4e-4 (that update is 0.2% off polar(N))
+        assert rel(before - w.detach(), expected) < (1e-3 if t == 1 else 1e-4), t
+        if t > 1:
+            moved_off_the_polar_factor.append(rel(before - w.detach(), 0.05 * o))
+    assert min(moved_off_the_polar_factor) > 0.1  # the root changes the update: the check above can fail
+
+
+def test_eigenbasis_power_is_refused_where_there_is_no_eigenbasis():
+    spec = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nw = ["r", "_"]\n')
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    with pytest.raises(ValueError, match="eigenbasis_power acts in the eigenbases of inner='eigen_adam'"):
+        Symo({"w": w}, spec, preset="then_orthogonalize", eigenbasis_power=0.5)
+    with pytest.raises(ValueError, match=r"eigenbasis_power must be in \(0, 1\]"):
+        Symo({"w": w}, spec, preset="soap_muon", eigenbasis_power=0.0)
 
 
 def test_the_first_step_builds_the_statistics_and_moves_nothing():

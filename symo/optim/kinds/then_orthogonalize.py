@@ -5,16 +5,22 @@ tuned Muon in public records). Per block of the spec:
                                          polar(L^{power/2} M R^{power/2}); inner="eigen_adam": SOAP's direction,
                                          SOAP-Muon, both sides from one spec with two_sided=True)
     P <- P ||u||_F / ||P||_F            (back to the momentum's norm, per block)
-    update = sqrt(max(1, rows / cols)) polar(P)   by Newton–Schulz (Muon's scale), or exactly (backend="eigh")
+    O = polar(P)                          by Newton–Schulz, or exactly (backend="eigh")
+    O <- Q_L [sign(o') |o'|^p] Q_R^T      (eigenbasis_power=p != 1, inner="eigen_adam": each entry o' of O's
+                                          coordinates in the inner kind's eigenbases, then rescaled to O's norm)
+    update = sqrt(max(1, rows / cols)) O  (Muon's scale)
 
 The config holds the inner kind's own config (`inner`, a RootConfig or an EigenAdamConfig); its options are this
 kind's options too, reached by their names (`Symo(..., preset="then_orthogonalize", power=-0.5)` sets the inner
 root's power), and checked once by that config. The default inner is PMuon's: the power -0.3 of an EMA (0.95) of
-the raw gradient's block statistics, by eigh, refreshed every 10 steps.
+the raw gradient's block statistics, by eigh, refreshed every 10 steps. `eigenbasis_power=0.5` is the signed square
+root that the SOAP authors' own SOAP-Muon code takes of the polar factor in SOAP's eigenbasis, after which the
+update is no longer orthogonal: it leans towards the sign of the eigenbasis coordinates.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -25,7 +31,7 @@ from ..checks import raise_first
 from ..matrix_function_configs import Auto, Eigh, MatrixFunction
 from ..matrix_functions import current_statistic_apply
 from .base import BlockStep, Kind, StepContext, finish, update_scale_factor
-from .eigen_adam import EigenAdam, EigenAdamConfig
+from .eigen_adam import EigenAdam, EigenAdamConfig, rotate
 from .options import KindConfig, PolarFactorOptions
 from .root import Root, RootConfig
 
@@ -45,6 +51,10 @@ class ThenOrthogonalizeConfig(PolarFactorOptions):
     inner: KindConfig = field(default_factory=pmuon_root)
     """The inner kind's config: RootConfig (PMuon; default `pmuon_root()`) or EigenAdamConfig (SOAP-Muon); or its
     name, "root" or "eigen_adam", for that kind's default."""
+    eigenbasis_power: float = 1.0
+    """With inner="eigen_adam" on one spec: each coordinate o' of the polar factor in the inner kind's eigenbases
+    becomes sign(o') |o'|^p, rescaled to the polar factor's Frobenius norm. 1 (default): the polar factor itself;
+    0.5: the SOAP authors' SOAP-Muon code."""
 
     def __post_init__(self) -> None:
         if isinstance(self.inner, str) and self.inner in self.inner_kinds:
@@ -56,6 +66,12 @@ class ThenOrthogonalizeConfig(PolarFactorOptions):
             (not isinstance(self.inner, RootConfig) or isinstance(self.inner.backend, Eigh),
              "inner: then_orthogonalize's inner root takes its power by eigh (backend='eigh'); the backend option "
              "of then_orthogonalize is the polar factor's"),
+            (math.isfinite(self.eigenbasis_power) and 0 < self.eigenbasis_power <= 1,
+             f"eigenbasis_power must be in (0, 1] (0.5: the SOAP authors' SOAP-Muon), got {self.eigenbasis_power!r}"),
+            (self.eigenbasis_power == 1 or (isinstance(self.inner, EigenAdamConfig)
+                                            and self.inner.geometric_mean_with is None),
+             "eigenbasis_power acts in the eigenbases of inner='eigen_adam' on one spec (two_sided=True for both "
+             "sides); with another inner, or geometric_mean_with=, leave it at 1"),
         ])
 
 
@@ -126,6 +142,17 @@ class ThenOrthogonalize(Kind):
             p = p * (b.scratch["u_norm"] / p.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-30)).to(p.dtype)
             z, extra = current_statistic_apply(p, statistic=p, plan=b.plan, power=-0.5, damping=0.0, absolute=False,
                                                stats_dtype=ctx.stats_dtype)
+            if self.options.eigenbasis_power != 1:
+                z = self.signed_power_in_eigenbasis(z, b, ctx)
             scale = update_scale_factor(b.plan, self.update_scale, -0.5, True) * extra
             final.append({"u": finish(z, b.plan, self.update_scale, cfg.adamw_rms, scale)})
         return final
+
+    def signed_power_in_eigenbasis(self, z: torch.Tensor, b: BlockStep, ctx: StepContext) -> torch.Tensor:
+        """sign(o') |o'|^p of z's coordinates o' in the block's eigenbases (a side without one: the identity), rotated
+        back and rescaled to z's Frobenius norm."""
+        left, right = b.state.get("basis"), b.state.get("basis_width")
+        o = rotate(z.to(ctx.stats_dtype), left, right)
+        o = o.sign() * o.abs().pow(self.options.eigenbasis_power)
+        o = o * (z.norm(dim=(-2, -1), keepdim=True).to(o.dtype) / o.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-30))
+        return rotate(o, left, right, back=True).to(z.dtype)
