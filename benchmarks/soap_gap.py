@@ -1,6 +1,6 @@
 """SOAP's conventions and settings, one change at a time, on the nanoGPT reference regime.
 
-Nine studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
+Ten studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
 the campaign's three seeds (same initialization and batches), each variant paired with its study's base seed by seed:
 
 - `soap`: which convention separates the authors' SOAP from heavyball's. In benchmarks/results/nanogpt_matrix.md,
@@ -34,10 +34,12 @@ the campaign's three seeds (same initialization and batches), each variant paire
   1.13 and shrinks smaller ones; and it rotates both Kronecker sides. One variant takes the polar factor by Muon's
   iteration, one rotates only the input side, W's columns (`two_sided=False`); the latter also runs seeds 3-5, paired
   with the base's seeds 3-5 from the `qkv` study.
+- `qkv_signed_root`: the SOAP authors' own SOAP-Muon code does one more thing after the polar factor: the signed
+  square root of its coordinates in SOAP's eigenbasis, rescaled to the polar factor's norm (`eigenbasis_power=0.5`).
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 68 runs of about 10 minutes on 2 workers (about 6 h)
+    python -m benchmarks.soap_gap              # 71 runs of about 10 minutes on 2 workers (about 6 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0, heavyball's SOAP
@@ -173,6 +175,15 @@ STUDIES: dict[str, Study] = {
         "soap_muon_qkv_one_sided": ("SOAP-Muon, gpt_muon_qkv, one side rotated (two_sided=False)", None,
                                     {**SOAP_MUON, "two_sided": False}),
     }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_ns", "soap_muon_qkv_one_sided")}),
+    # the SOAP authors' own SOAP-Muon code takes the signed square root of the polar factor's coordinates in SOAP's
+    # eigenbasis (then rescales to the polar factor's norm): a step from the polar factor towards the sign of the
+    # eigenbasis coordinates
+    "qkv_signed_root": Study("SOAP-Muon on gpt_muon_qkv: the SOAP authors' signed square root in the eigenbasis", 0.02,
+                             0.1, {
+        "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv (the polar factor: the preset)", None, SOAP_MUON),
+        "soap_muon_qkv_root": ("SOAP-Muon, gpt_muon_qkv, signed square root in the eigenbasis (eigenbasis_power 0.5)",
+                               None, {**SOAP_MUON, "eigenbasis_power": 0.5}),
+    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_root")}),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),

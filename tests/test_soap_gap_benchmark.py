@@ -188,3 +188,13 @@ def test_a_base_that_is_no_campaign_arm_brings_its_own_seeds_3_to_5() -> None:
     assert data[study.base]["final_val_mean"] == pytest.approx(1.52 + 2.5e-3)
     assert data[variant]["diff_to_base_ci95"] == pytest.approx([0.01, 0.01])
     assert "seeds 3-5 of Muon from" in table
+
+
+def test_the_signed_root_variant_adds_only_the_authors_power() -> None:
+    study = STUDIES["qkv_signed_root"]
+    base = study.variants[study.base][2]
+    assert base == STUDIES["qkv"].variants["soap_muon_qkv"][2] and (study.lr, study.wd) == (0.02, 0.1)
+    assert set(study.specs) == set(study.variants) and set(study.specs.values()) == {"gpt_muon_qkv"}
+    changed = {variant: {k: v for k, v in options.items() if base.get(k) != v}
+               for variant, (_, _, options) in study.variants.items()}
+    assert changed == {"soap_muon_qkv": {}, "soap_muon_qkv_root": {"eigenbasis_power": 0.5}}
