@@ -5,7 +5,10 @@
 - `preset="soap_heavyball"` is heavyball's `SOAP` (its own conventions and defaults) the same way, in float32;
 - SOAP-Muon (`then_orthogonalize` with the SOAP inner) is the polar factor of that library's SOAP direction;
 - the conventions one at a time: the first step moves nothing; `PowerQR` against dense eigendecompositions;
-- float32 and bfloat16 on rank-deficient, ill-conditioned gradients: never a NaN (soap and the default soap_muon).
+- SOAP-Muon's `eigenbasis_power=0.5` (the SOAP authors' SOAP-Muon code) is the signed root of the polar factor's
+  coordinates in that library's own eigenbasis;
+- float32 and bfloat16 on rank-deficient, ill-conditioned gradients: never a NaN (soap, the default soap_muon, and
+  soap_muon with eigenbasis_power 0.5).
 """
 
 from __future__ import annotations
@@ -194,7 +197,7 @@ def test_power_qr_converges_to_the_eigenbasis_and_reports_the_order():
         PowerQR(iterations=0)
 
 
-@pytest.mark.parametrize("preset", ["soap", "soap_muon"])
+@pytest.mark.parametrize("preset", ["soap", "soap_muon", "soap_muon_signed_root"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_soap_never_makes_a_nan_on_rank_deficient_ill_conditioned_gradients(dtype, preset):
     """A wide layer (statistics of rank 2 of 12), gradients spanning 1e-6..1e3, a gpt_true-like per-head spec and a
@@ -202,7 +205,9 @@ def test_soap_never_makes_a_nan_on_rank_deficient_ill_conditioned_gradients(dtyp
     torch.manual_seed(0)
     layer = torch.nn.Linear(12, 12, bias=False).to(dtype)
     spec = symo.parse_spec('[spaces]\nr = "signed_perm"\n[params]\nweight = ["r", "_"]\n')
-    opt = Symo(layer.named_parameters(), spec, preset=preset, precondition_frequency=2)
+    options = {"eigenbasis_power": 0.5} if preset == "soap_muon_signed_root" else {}
+    opt = Symo(layer.named_parameters(), spec, preset=preset.removesuffix("_signed_root"), precondition_frequency=2,
+               **options)
     for t in range(25):
         u, v = torch.randn(12, 2), torch.randn(2, 12)
         layer.weight.grad = ((u * torch.tensor([1e3, 1e-6])) @ v * (10.0 ** (t % 5 - 2))).to(dtype)
