@@ -308,7 +308,7 @@ def plot(out: Path, records: dict[str, dict[str, list[dict]]], muon_final: float
                title=f"{study_name}: lr {study.lr:g}, weight decay {study.wd:g}")
         ax.legend(fontsize=7)
     fig.suptitle(f"nanoGPT {REGIME} regime")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # room for the suptitle
     fig.savefig(out / f"{NAME}.png", dpi=120)
     plt.close(fig)
 
