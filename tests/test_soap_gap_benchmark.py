@@ -148,19 +148,31 @@ def test_the_six_seed_rows_of_the_base_and_of_muon_are_soap_seeds_own() -> None:
     assert "| Muon |" in table
 
 
+def changed_from_the_qkv_default_step(study_name: str) -> dict[str, dict]:
+    """Per variant of a study on symo train's default step: the options it changes from its base, which is the qkv
+    study's SOAP-Muon on gpt_muon_qkv at that study's rate and decay (every variant on gpt_muon_qkv)."""
+    study = STUDIES[study_name]
+    base = study.variants[study.base][2]
+    assert base == STUDIES["qkv"].variants["soap_muon_qkv"][2] and (study.lr, study.wd) == (0.02, 0.1)
+    assert set(study.specs) == set(study.variants) and set(study.specs.values()) == {"gpt_muon_qkv"}
+    return {variant: {k: v for k, v in options.items() if base.get(k) != v}
+            for variant, (_, _, options) in study.variants.items()}
+
+
+def test_the_signed_root_variant_adds_only_the_authors_power() -> None:
+    assert changed_from_the_qkv_default_step("qkv_signed_root") == {
+        "soap_muon_qkv": {}, "soap_muon_qkv_root": {"eigenbasis_power": 0.5}}
+
+
 def test_the_polar_and_sides_variants_change_only_what_their_labels_name() -> None:
     from symo import Symo
     from symo.optim import NewtonSchulz
     from symo.train.models import GPT, GPTConfig
 
     study = STUDIES["qkv_polar_sides"]
-    base = study.variants[study.base][2]
-    assert base == STUDIES["qkv"].variants["soap_muon_qkv"][2] and (study.lr, study.wd) == (0.02, 0.1)
-    assert set(study.specs) == set(study.variants) and set(study.specs.values()) == {"gpt_muon_qkv"}
-    changed = {variant: {k: v for k, v in options.items() if base.get(k) != v}
-               for variant, (_, _, options) in study.variants.items()}
-    assert changed == {"soap_muon_qkv": {}, "soap_muon_qkv_ns": {"backend": NewtonSchulz()},
-                       "soap_muon_qkv_one_sided": {"two_sided": False}}
+    assert changed_from_the_qkv_default_step("qkv_polar_sides") == {
+        "soap_muon_qkv": {}, "soap_muon_qkv_ns": {"backend": NewtonSchulz()},
+        "soap_muon_qkv_one_sided": {"two_sided": False}}
     # on the reference model the base takes every block's polar factor exactly, the variant by Muon's iteration
     setup = REGIMES["reference"]
     model = GPT(GPTConfig(block_size=setup["block_size"], vocab_size=80, n_layer=setup["n_layer"],
@@ -189,12 +201,3 @@ def test_a_base_that_is_no_campaign_arm_brings_its_own_seeds_3_to_5() -> None:
     assert data[variant]["diff_to_base_ci95"] == pytest.approx([0.01, 0.01])
     assert "seeds 3-5 of Muon from" in table
 
-
-def test_the_signed_root_variant_adds_only_the_authors_power() -> None:
-    study = STUDIES["qkv_signed_root"]
-    base = study.variants[study.base][2]
-    assert base == STUDIES["qkv"].variants["soap_muon_qkv"][2] and (study.lr, study.wd) == (0.02, 0.1)
-    assert set(study.specs) == set(study.variants) and set(study.specs.values()) == {"gpt_muon_qkv"}
-    changed = {variant: {k: v for k, v in options.items() if base.get(k) != v}
-               for variant, (_, _, options) in study.variants.items()}
-    assert changed == {"soap_muon_qkv": {}, "soap_muon_qkv_root": {"eigenbasis_power": 0.5}}
