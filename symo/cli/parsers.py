@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 
 from ..optim.presets import PRESETS  # plain data: no torch
-from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, check_given, check_values
+from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, check_given, check_values, parse_symo_option
 from .align_args import add_align_parser, add_merge_parser
 
 # the optimizers `symo equivariance` knows by name (equivariance.py builds them)
@@ -82,6 +82,12 @@ def _add_train_parser(sub) -> None:
         elif f.name == "progress":
             t.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS,
                            help="no progress bar (the results, the sample and the paths are still printed)")
+        elif f.name == "symo_options":
+            t.add_argument("--symo-option", dest="symo_options", action=SymoOptionAction, default=argparse.SUPPRESS,
+                           metavar="KEY=VALUE",
+                           help="Symo: set any option of symo.Symo over the preset's (repeatable), e.g. "
+                                "--symo-option eigenbasis_power=0.5 --symo-option two_sided=false; the value is a "
+                                "number, true / false, none, a name, or a comma-separated tuple")
         elif f.name == "resume":
             t.add_argument(flag, nargs="?", const=True, default=argparse.SUPPRESS, metavar="RUN_DIR", help=text)
         elif f.type in ("bool", bool):
@@ -92,6 +98,21 @@ def _add_train_parser(sub) -> None:
                            choices={"optimizer": OPTIMIZERS, "ns_method": ("auto", "iterate", "spectral"),
                                     "preset": tuple(PRESETS)}.get(f.name))
     t.set_defaults(run=".train:train_command", precheck=check_train_options)
+
+
+class SymoOptionAction(argparse.Action):
+    """`--symo-option KEY=VALUE`, repeatable: collected into one {key: value} dict; a key given twice is refused."""
+
+    def __call__(self, parser, namespace, text, option_string=None) -> None:
+        try:
+            key, value = parse_symo_option(text)
+        except ValueError as err:
+            message = str(err).removeprefix("--symo-option: ").removeprefix("--symo-option ")
+            raise argparse.ArgumentError(self, message) from None
+        options = dict(getattr(namespace, self.dest, None) or {})
+        if key in options:
+            raise argparse.ArgumentError(self, f"{key} is given twice ({options[key]!r} and {value!r}); give it once")
+        setattr(namespace, self.dest, {**options, key: value})
 
 
 def check_train_options(args: argparse.Namespace) -> None:

@@ -148,7 +148,8 @@ class ConsoleReport(TrainObserver):
     def started(self, run: RunStart) -> None:
         cfg = run.config
         self.run_dir = run.run_dir
-        symo = f"{f'preset {cfg.preset}' if cfg.preset else 'defaults'}, lr {cfg.lr:g}, spec {cfg.spec}"
+        symo = f"{f'preset {cfg.preset}' if cfg.preset else 'defaults'}, lr {cfg.lr:g}, spec {cfg.spec}" + "".join(
+            f", {k} {v}" for k, v in cfg.symo_options.items())
         print(f"symo train: {cfg.optimizer} ({symo if cfg.optimizer == 'symo' else f'lr {cfg.lr:g}'}), "
               f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {run.n_params / 1e6:.2f}M parameters), "
               f"{run.data_name} ({run.n_chars:,} chars, vocabulary {run.vocab_size}), batch {cfg.batch_size}x"

@@ -24,6 +24,8 @@ import torch
 FORMAT = "symo-train-1"
 # What every checkpoint of symo train holds besides its format and settings (a resume reads each).
 REQUIRED = ("model", "optimizer", "step", "history", "base_lrs")
+# Settings that older checkpoints lack: such a run was written before the option existed, so it ran with this value
+NEWER_SETTINGS: dict[str, Any] = {"precondition_frequency": None, "symo_options": {}}
 
 
 class CheckpointError(RuntimeError):
@@ -96,7 +98,8 @@ def load_checkpoint(path: str | Path, expected: Mapping[str, Any], map_location:
                               f"checkpoint holds {', '.join(REQUIRED)}); it was not written whole by symo train. It "
                               "was left as it is; start a new run with another --out-dir")
     saved = blob.get("settings", {})
-    diff = {k: (saved.get(k, "<missing>"), v) for k, v in expected.items() if saved.get(k, "<missing>") != v}
+    saved = {k: saved.get(k, NEWER_SETTINGS.get(k, "<missing>")) for k in expected}
+    diff = {k: (saved[k], v) for k, v in expected.items() if saved[k] != v}
     if diff:
         lines = ", ".join(f"{_flag(k)}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
         raise CheckpointError(f"{path}: the checkpoint was written with other settings ({lines}). Resume with the "
@@ -125,4 +128,5 @@ def _os_error(exc: BaseException) -> OSError | None:
 
 def _flag(key: str) -> str:
     """A setting's command-line option (--n-embd for n_embd); the corpus's name and vocabulary come from --data."""
-    return {"vocab": "vocabulary of --data", "data": "--data"}.get(key, "--" + key.replace("_", "-"))
+    return {"vocab": "vocabulary of --data", "data": "--data", "symo_options": "--symo-option"}.get(
+        key, "--" + key.replace("_", "-"))

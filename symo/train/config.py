@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..optim.presets import PRESETS, get_preset  # plain data: symo.optim loads torch only on first use
@@ -25,7 +25,12 @@ DEFAULT_SPEC = "gpt_muon_qkv"
 # Settings a resumed checkpoint must share with the run: they change the model, the optimizer or the
 # sequence of batches and learning rates.
 RESUME_KEYS = ("data", "vocab", "n_layer", "n_head", "n_embd", "block_size", "bias", "optimizer", "spec", "preset",
-               "lr", "adamw_lr", "weight_decay", "warmup", "min_lr_ratio", "batch_size", "steps", "seed")
+               "precondition_frequency", "symo_options", "lr", "adamw_lr", "weight_decay", "warmup", "min_lr_ratio",
+               "batch_size", "steps", "seed")
+# Symo options that --symo-option refuses: each has its own flag, or is set by how the run is launched
+OWN_FLAGS = {"lr": "--lr", "weight_decay": "--weight-decay", "adamw_lr": "--adamw-lr",
+             "precondition_frequency": "--precondition-frequency", "ns_method": "--ns-method", "preset": "--preset",
+             "distributed_mode": "--fsdp (or torchrun without it, for DDP)"}
 
 
 @dataclass
@@ -44,6 +49,7 @@ class TrainConfig:
     partial: bool = False              # the spec's rules that match no parameter are dropped (strict=False)
     preset: str | None = "auto"        # Symo's preset (symo.PRESETS); auto: DEFAULT_PRESET; None: Symo's defaults
     precondition_frequency: int | None = None  # a preset's factor refresh every N steps; None: the preset's own
+    symo_options: dict[str, Any] = field(default_factory=dict)  # Symo options by name, over the preset's
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
     weight_decay: float = 0.0
@@ -97,7 +103,7 @@ SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 MAX_LR = 100.0
 # Options that only Symo reads, and the one that only Symo and Muon read: given with another optimizer
 # they would be silently ignored, so they are refused.
-SYMO_ONLY = ("spec", "partial", "preset", "ns_method", "precondition_frequency")
+SYMO_ONLY = ("spec", "partial", "preset", "ns_method", "precondition_frequency", "symo_options")
 # The presets whose preconditioner refreshes stored factors: --precondition-frequency sets how often
 REFRESHING = "--preset " + ", ".join(name for name, p in PRESETS.items() if "precondition_frequency" in p.values)
 
@@ -129,6 +135,8 @@ def check_values(options: Mapping[str, Any]) -> None:
             raise ValueError(f"{flag(name)} must be >= 0, got {options[name]}")
     if options.get("min_lr_ratio") is not None and not 0 <= options["min_lr_ratio"] <= 1:
         raise ValueError(f"--min-lr-ratio must be in [0, 1], got {options['min_lr_ratio']}")
+    for key in options.get("symo_options") or {}:
+        check_symo_option_key(key)
     seed = options.get("seed")
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise ValueError(f"--seed {seed} is out of range: torch seeds are 64-bit integers, from {SEED_RANGE[0]} "
@@ -141,8 +149,43 @@ def check_given(given: Mapping[str, Any], optimizer: str) -> None:
     if "adamw_lr" in given and optimizer == "adamw":
         ignored.append("adamw_lr")
     if ignored:
-        flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
+        flags = ", ".join("--symo-option" if name == "symo_options" else "--" + name.replace("_", "-")
+                          for name in ignored)
         raise ValueError(f"{flags}: not used by --optimizer {optimizer}, leave {'it' if len(ignored) == 1 else 'them'} "
-                         "out (--spec, --partial, --preset, --ns-method and --precondition-frequency are Symo's "
-                         "options; --adamw-lr is the rate Symo and Muon give embeddings, gains and biases, while "
-                         "AdamW's rate for every parameter is --lr)")
+                         "out (--spec, --partial, --preset, --ns-method, --precondition-frequency and --symo-option "
+                         "are Symo's options; --adamw-lr is the rate Symo and Muon give embeddings, gains and biases, "
+                         "while AdamW's rate for every parameter is --lr)")
+
+
+def parse_symo_option(text: str) -> tuple[str, Any]:
+    """`--symo-option KEY=VALUE` as (key, value). The value is read as data, never run: true / false, none, an
+    integer, a number, a comma-separated tuple of these (adamw_betas=0.9,0.95), or else the text itself (a name
+    such as backend=eigh). Symo checks the option and its value when the run starts."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not raw.strip():
+        raise ValueError(f"--symo-option: expected KEY=VALUE (e.g. --symo-option eigenbasis_power=0.5), got {text!r}")
+    check_symo_option_key(key)
+    parts = [_option_value(p.strip()) for p in raw.split(",")]
+    return key, tuple(parts) if len(parts) > 1 else parts[0]
+
+
+def check_symo_option_key(key: Any) -> None:
+    """A --symo-option key: a Symo option's name (ValueError otherwise, naming the flag to use instead)."""
+    if not isinstance(key, str) or not key.isidentifier():
+        raise ValueError(f"--symo-option: {key!r} is not an option name (a Symo option such as eigenbasis_power, "
+                         "two_sided or beta1)")
+    if key in OWN_FLAGS:
+        raise ValueError(f"--symo-option {key}: set it with {OWN_FLAGS[key]}, not --symo-option")
+
+
+def _option_value(raw: str) -> Any:
+    named = {"true": True, "false": False, "none": None, "null": None}
+    if raw.lower() in named:
+        return named[raw.lower()]
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from ..compiler import Spec, load_spec
-from ..optim import Symo
+from ..optim import Symo, SymoConfig
+from ..optim.presets import get_preset
 from ..runtime.compiled import NonFiniteGradientError, compile
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
@@ -77,14 +78,34 @@ def build_optimizer(model: GPT, cfg: TrainConfig, world: int = 1) -> torch.optim
     spec = load_spec(cfg.spec)
     sizes = head_basis_sizes(spec, cfg.n_embd // cfg.n_head)
     compiled = compile(spec, {n: tuple(p.shape) for n, p in named}, sizes=sizes, strict=not cfg.partial)
-    if cfg.preset is not None:  # the preset's options; --ns-method and --precondition-frequency override when set
-        extra: dict[str, Any] = {"ns_method": cfg.ns_method} if cfg.ns_method != "auto" else {}
-        if cfg.precondition_frequency is not None:
-            extra["precondition_frequency"] = cfg.precondition_frequency
-        return Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay,
-                    adamw_lr=cfg.adamw_lr, distributed_mode=mode, **extra)
-    return Symo(named, compiled, lr=cfg.lr, update_scale="muon", weight_decay=cfg.weight_decay,
-                adamw_lr=cfg.adamw_lr, ns_method=cfg.ns_method, distributed_mode=mode)
+    return Symo(named, compiled, lr=cfg.lr, preset=cfg.preset, weight_decay=cfg.weight_decay, adamw_lr=cfg.adamw_lr,
+                distributed_mode=mode, **symo_overrides(cfg))
+
+
+def symo_overrides(cfg: TrainConfig) -> dict[str, Any]:
+    """The Symo options a run sets over its preset (or over Symo's defaults, with Muon's scale): --ns-method and
+    --precondition-frequency where given, then every --symo-option."""
+    extra: dict[str, Any] = {} if cfg.preset is not None else {"update_scale": "muon"}
+    if cfg.ns_method != "auto" or cfg.preset is None:
+        extra["ns_method"] = cfg.ns_method
+    if cfg.precondition_frequency is not None:
+        extra["precondition_frequency"] = cfg.precondition_frequency
+    return {**extra, **cfg.symo_options}
+
+
+def check_symo_options(cfg: TrainConfig) -> None:
+    """The run's --symo-option values, checked by Symo's own config before anything is built (ValueError naming
+    the flag), so a bad one leaves no run folder behind."""
+    if cfg.optimizer != "symo" or not cfg.symo_options:
+        return
+    base = SymoConfig(**get_preset(cfg.preset).values) if cfg.preset is not None else SymoConfig()
+    try:
+        base.replace(**symo_overrides(cfg))
+    except (TypeError, ValueError) as err:
+        given = " ".join(f"{k}={v}" for k, v in cfg.symo_options.items())
+        raise ValueError(f"--symo-option ({given}): {err} (from the command line a value is a number, true / false, "
+                         "none, a name or a comma-separated tuple; an option whose value is an object, such as "
+                         "refresh=PowerQR(...), is set from Python: symo.Symo(..., refresh=...))") from None
 
 
 def _options(cfg: TrainConfig) -> dict[str, Any]:
@@ -112,10 +133,7 @@ def saved_options(run_dir: str | Path) -> dict[str, Any]:
 
 def _settings(cfg: TrainConfig, corpus: Corpus) -> dict[str, Any]:
     values = dataclasses.asdict(cfg) | {"data": corpus.name, "vocab": corpus.chars}
-    settings = {k: values[k] for k in RESUME_KEYS}
-    if cfg.precondition_frequency is not None:  # only when set: checkpoints written before the option still resume
-        settings["precondition_frequency"] = cfg.precondition_frequency
-    return settings
+    return {k: values[k] for k in RESUME_KEYS}
 
 
 def _distributed(device: str) -> tuple[int, int]:
@@ -185,6 +203,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
     fit in memory is refused before anything is built (memory.py).
     """
     _check_device(cfg.device)
+    check_symo_options(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rank, world = _distributed(cfg.device)
