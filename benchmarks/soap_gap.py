@@ -1,6 +1,6 @@
 """SOAP's conventions and settings, one change at a time, on the nanoGPT reference regime.
 
-Ten studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
+Eleven studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
 the campaign's three seeds (same initialization and batches), each variant paired with its study's base seed by seed:
 
 - `soap`: which convention separates the authors' SOAP from heavyball's. In benchmarks/results/nanogpt_matrix.md,
@@ -36,10 +36,14 @@ the campaign's three seeds (same initialization and batches), each variant paire
   with the base's seeds 3-5 from the `qkv` study.
 - `qkv_signed_root`: the SOAP authors' own SOAP-Muon code does one more thing after the polar factor: the signed
   square root of its coordinates in SOAP's eigenbasis, rescaled to the polar factor's norm (`eigenbasis_power=0.5`).
+- `qkv_rotation`: what SOAP's eigenbasis rotation is worth to SOAP-Muon. Without it (`max_precond_dim=1`: no side
+  rotated) the step is Adam's second moment in the weights' own coordinates, then the polar factor; rotating the
+  momentum alone would change nothing, since the polar factor commutes with rotations. With `max_precond_dim=128`
+  the MLP's 512-wide sides, whose statistics and QR refreshes cost the most, stay unrotated.
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 71 runs of about 10 minutes on 2 workers (about 6 h)
+    python -m benchmarks.soap_gap              # 77 runs of about 10 minutes on 2 workers (about 7 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0, heavyball's SOAP
@@ -184,6 +188,18 @@ STUDIES: dict[str, Study] = {
         "soap_muon_qkv_root": ("SOAP-Muon, gpt_muon_qkv, signed square root in the eigenbasis (eigenbasis_power 0.5)",
                                None, {**SOAP_MUON, "eigenbasis_power": 0.5}),
     }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_root")}),
+    # what SOAP's rotation is worth to SOAP-Muon: without it (no side rotated) the step is Adam's second moment in the
+    # weights' own coordinates, then the polar factor (rotating the momentum alone would change nothing: the polar
+    # factor commutes with rotations); and the 512-wide sides of the MLP's matrices, whose statistics and QR refreshes
+    # are the step's largest, left unrotated
+    "qkv_rotation": Study("SOAP-Muon on gpt_muon_qkv: what the eigenbasis rotation is worth", 0.02, 0.1, {
+        "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv (every side rotated: the preset)", None, SOAP_MUON),
+        "soap_muon_qkv_unrotated": ("SOAP-Muon, gpt_muon_qkv, no side rotated (max_precond_dim 1: Adam's second "
+                                    "moment in the weights' coordinates, then the polar factor)", None,
+                                    {**SOAP_MUON, "max_precond_dim": 1}),
+        "soap_muon_qkv_max_128": ("SOAP-Muon, gpt_muon_qkv, the MLP's 512-wide sides not rotated (max_precond_dim "
+                                  "128)", None, {**SOAP_MUON, "max_precond_dim": 128}),
+    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_unrotated", "soap_muon_qkv_max_128")}),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
