@@ -201,3 +201,29 @@ def test_a_base_that_is_no_campaign_arm_brings_its_own_seeds_3_to_5() -> None:
     assert data[variant]["diff_to_base_ci95"] == pytest.approx([0.01, 0.01])
     assert "seeds 3-5 of Muon from" in table
 
+
+
+def test_the_rotation_variants_leave_unrotated_only_the_sides_their_labels_name() -> None:
+    """On the reference GPT: the preset rotates both sides of every block; max_precond_dim 1 rotates none (Adam's
+    second moment in the weights' coordinates, then the polar factor); max_precond_dim 128 leaves only the MLP's
+    512-wide sides unrotated."""
+    from symo import Symo
+    from symo.train.models import GPT, GPTConfig
+
+    study = STUDIES["qkv_rotation"]
+    assert changed_from_the_qkv_default_step("qkv_rotation") == {
+        "soap_muon_qkv": {}, "soap_muon_qkv_unrotated": {"max_precond_dim": 1},
+        "soap_muon_qkv_max_128": {"max_precond_dim": 128}}
+    setup = REGIMES["reference"]
+    d = setup["n_embd"]
+    model = GPT(GPTConfig(block_size=setup["block_size"], vocab_size=80, n_layer=setup["n_layer"],
+                          n_head=setup["n_head"], n_embd=d))
+    expected = {"soap_muon_qkv": {(d, d): (True, True), (d, 4 * d): (True, True), (4 * d, d): (True, True)},
+                "soap_muon_qkv_unrotated": {(d, d): (False, False), (d, 4 * d): (False, False),
+                                            (4 * d, d): (False, False)},
+                "soap_muon_qkv_max_128": {(d, d): (True, True), (d, 4 * d): (True, False), (4 * d, d): (False, True)}}
+    for variant, sides in expected.items():
+        opt = Symo(model, "gpt_muon_qkv", lr=0.02, **study.variants[variant][2])
+        shapes = {(b.mult, b.width) for stage in opt.plan for b in stage.compiled.blocks}
+        assert shapes == set(sides), shapes
+        assert {shape: opt.kind.inner.rotated_sides(*shape) for shape in shapes} == sides, variant
