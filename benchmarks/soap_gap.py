@@ -91,13 +91,15 @@ def six_seeded(study_name: str, variant: str) -> bool:
 class Study:
     """Variants of one preset at one (rate, decay). `variants`: name -> (label, the campaign arm whose runs it
     reuses or None, the Symo options, or None for the campaign arm itself, run here where its cache lacks the
-    run); the first variant is the base every other is paired with. `specs`: the bundled spec of a variant that
-    does not run on gpt_muon. `wds`: the decay of a variant that runs at another than the study's."""
+    run); the first variant is the base every other is paired with. `spec`: the bundled spec its variants run on;
+    `specs`: a variant's own where it is another. `wds`: the decay of a variant that runs at another than the
+    study's."""
 
     title: str
     lr: float
     wd: float
     variants: dict[str, tuple[str, str | None, dict | None]]
+    spec: str = "gpt_muon"
     specs: dict[str, str] = field(default_factory=dict)
     wds: dict[str, float] = field(default_factory=dict)
 
@@ -155,15 +157,14 @@ STUDIES: dict[str, Study] = {
                                     {**SOAP_MUON, "precondition_frequency": 5}),
         "soap_muon_qkv_refresh_2": ("SOAP-Muon, gpt_muon_qkv, refresh every 2 steps", None,
                                     {**SOAP_MUON, "precondition_frequency": 2}),
-    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_refresh_5", "soap_muon_qkv_refresh_2")}),
+    }, spec="gpt_muon_qkv"),
     # the decay grid's edge: at 0.26x Chinchilla SOAP-Muon on gpt_muon_qkv and heavyball's SOAP both chose 0.1, the
     # largest decay of the campaign's grid {0, 0.05, 0.1} (SOAP-Muon's seed-0 losses fall across it: 1.5222, 1.5184,
     # 1.5067), while Muon's choice, 0.05, is inside; the campaign extends a rate grid at its edge, not the decay's
     "decay_soap_muon": Study("SOAP-Muon on gpt_muon_qkv: a decay past the grid's edge", 0.02, 0.1, {
         "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv, decay 0.1 (its tuned, the grid's largest)", None, SOAP_MUON),
         "soap_muon_qkv_wd_0.2": ("SOAP-Muon, gpt_muon_qkv, decay 0.2", None, SOAP_MUON),
-    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_wd_0.2")},
-        wds={"soap_muon_qkv_wd_0.2": 0.2}),
+    }, spec="gpt_muon_qkv", wds={"soap_muon_qkv_wd_0.2": 0.2}),
     "decay_heavyball": Study("heavyball's SOAP: a decay past the grid's edge", 6e-3, 0.1, {
         "heavyball_soap": ("SOAP (heavyball), decay 0.1 (its tuned, the grid's largest)", "soap", None),
         "heavyball_soap_wd_0.2": ("SOAP (heavyball), decay 0.2", "soap", None),
@@ -178,7 +179,7 @@ STUDIES: dict[str, Study] = {
                              None, {**SOAP_MUON, "backend": NewtonSchulz()}),
         "soap_muon_qkv_one_sided": ("SOAP-Muon, gpt_muon_qkv, one side rotated (two_sided=False)", None,
                                     {**SOAP_MUON, "two_sided": False}),
-    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_ns", "soap_muon_qkv_one_sided")}),
+    }, spec="gpt_muon_qkv"),
     # the SOAP authors' own SOAP-Muon code takes the signed square root of the polar factor's coordinates in SOAP's
     # eigenbasis (then rescales to the polar factor's norm): a step from the polar factor towards the sign of the
     # eigenbasis coordinates
@@ -187,7 +188,7 @@ STUDIES: dict[str, Study] = {
         "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv (the polar factor: the preset)", None, SOAP_MUON),
         "soap_muon_qkv_root": ("SOAP-Muon, gpt_muon_qkv, signed square root in the eigenbasis (eigenbasis_power 0.5)",
                                None, {**SOAP_MUON, "eigenbasis_power": 0.5}),
-    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_root")}),
+    }, spec="gpt_muon_qkv"),
     # what SOAP's rotation is worth to SOAP-Muon: without it (no side rotated) the step is Adam's second moment in the
     # weights' own coordinates, then the polar factor (rotating the momentum alone would change nothing: the polar
     # factor commutes with rotations); and the 512-wide sides of the MLP's matrices, whose statistics and QR refreshes
@@ -199,7 +200,7 @@ STUDIES: dict[str, Study] = {
                                     {**SOAP_MUON, "max_precond_dim": 1}),
         "soap_muon_qkv_max_128": ("SOAP-Muon, gpt_muon_qkv, the MLP's 512-wide sides not rotated (max_precond_dim "
                                   "128)", None, {**SOAP_MUON, "max_precond_dim": 128}),
-    }, specs={v: "gpt_muon_qkv" for v in ("soap_muon_qkv", "soap_muon_qkv_unrotated", "soap_muon_qkv_max_128")}),
+    }, spec="gpt_muon_qkv"),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
@@ -225,7 +226,7 @@ def jobs(campaign: RunCache) -> list[dict]:
                 job = job_for(REGIME, setup, arm, study.lr, wd, seed) if arm else None
                 if options is not None and (job is None or job["key"] not in campaign):
                     job = job_for(REGIME, setup, f"soap_gap_{variant}", study.lr, wd, seed)
-                    job["arm_config"] = {"kind": "symo", "spec": study.specs.get(variant, "gpt_muon"),
+                    job["arm_config"] = {"kind": "symo", "spec": study.specs.get(variant, study.spec),
                                          "options": options, "label": label}
                 job["study"], job["variant"] = study_name, variant
                 out.append(job)

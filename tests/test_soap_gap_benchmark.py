@@ -154,7 +154,7 @@ def changed_from_the_qkv_default_step(study_name: str) -> dict[str, dict]:
     study = STUDIES[study_name]
     base = study.variants[study.base][2]
     assert base == STUDIES["qkv"].variants["soap_muon_qkv"][2] and (study.lr, study.wd) == (0.02, 0.1)
-    assert set(study.specs) == set(study.variants) and set(study.specs.values()) == {"gpt_muon_qkv"}
+    assert study.spec == "gpt_muon_qkv" and not study.specs
     return {variant: {k: v for k, v in options.items() if base.get(k) != v}
             for variant, (_, _, options) in study.variants.items()}
 
