@@ -70,6 +70,10 @@ def test_a_bad_option_is_refused_by_name_before_the_run_folder_exists(tmp_path, 
         with pytest.raises(SystemExit) as exited:
             cli.main([*base, "--symo-option", given])
         assert exited.value.code == 2 and f"argument --symo-option: {says}" in capsys.readouterr().err, given
+    with pytest.raises(ValueError, match="--optimizer muon reads none"):  # from Python, as on the command line
+        tiny(tmp_path, optimizer="muon", symo_options={"beta1": 0.9})
+    with pytest.raises(ValueError, match="symo_options must be a dict"):
+        tiny(tmp_path, symo_options=["beta1=0.9"])
     with pytest.raises(SystemExit):
         cli.main([*base, "--symo-option", "beta1=0.9", "--symo-option", "beta1=0.8"])
     assert "beta1 is given twice (0.9 and 0.8)" in capsys.readouterr().err

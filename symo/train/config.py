@@ -74,6 +74,9 @@ class TrainConfig:
         check_values(dataclasses.asdict(self))
         if self.n_embd % self.n_head:
             raise ValueError(f"--n-embd {self.n_embd} must be a multiple of --n-head {self.n_head}")
+        if self.symo_options and self.optimizer != "symo":
+            raise ValueError(f"--symo-option sets Symo's options; --optimizer {self.optimizer} reads none, leave it "
+                             "out")
         if self.preset == "auto":  # None stays: a run saved before the default preset resumes with its own step
             self.preset = DEFAULT_PRESET if self.optimizer == "symo" else None
         if self.preset is not None:
@@ -135,7 +138,11 @@ def check_values(options: Mapping[str, Any]) -> None:
             raise ValueError(f"{flag(name)} must be >= 0, got {options[name]}")
     if options.get("min_lr_ratio") is not None and not 0 <= options["min_lr_ratio"] <= 1:
         raise ValueError(f"--min-lr-ratio must be in [0, 1], got {options['min_lr_ratio']}")
-    for key in options.get("symo_options") or {}:
+    symo_options = options.get("symo_options")
+    if symo_options is not None and not isinstance(symo_options, Mapping):
+        raise ValueError(f"symo_options must be a dict {{option: value}} (--symo-option KEY=VALUE), got "
+                         f"{type(symo_options).__name__}")
+    for key in symo_options or {}:
         check_symo_option_key(key)
     seed = options.get("seed")
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
