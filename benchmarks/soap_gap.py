@@ -195,11 +195,10 @@ STUDIES: dict[str, Study] = {
     # are the step's largest, left unrotated
     "qkv_rotation": Study("SOAP-Muon on gpt_muon_qkv: what the eigenbasis rotation is worth", 0.02, 0.1, {
         "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv (every side rotated: the preset)", None, SOAP_MUON),
-        "soap_muon_qkv_unrotated": ("SOAP-Muon, gpt_muon_qkv, no side rotated (max_precond_dim 1: Adam's second "
-                                    "moment in the weights' coordinates, then the polar factor)", None,
+        "soap_muon_qkv_unrotated": ("SOAP-Muon, gpt_muon_qkv, no side rotated (max_precond_dim 1)", None,
                                     {**SOAP_MUON, "max_precond_dim": 1}),
-        "soap_muon_qkv_max_128": ("SOAP-Muon, gpt_muon_qkv, the MLP's 512-wide sides not rotated (max_precond_dim "
-                                  "128)", None, {**SOAP_MUON, "max_precond_dim": 128}),
+        "soap_muon_qkv_max_128": ("SOAP-Muon, gpt_muon_qkv, 512-wide sides unrotated (max_precond_dim 128)", None,
+                                  {**SOAP_MUON, "max_precond_dim": 128}),
     }, spec="gpt_muon_qkv"),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
