@@ -1,7 +1,8 @@
 """SOAP's conventions and settings, one change at a time, on the nanoGPT reference regime.
 
-Eleven studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless a variant names another), for
-the campaign's three seeds (same initialization and batches), each variant paired with its study's base seed by seed:
+Eleven studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless the study or a variant names
+another), for the campaign's three seeds (same initialization and batches), each variant paired with its study's base
+seed by seed:
 
 - `soap`: which convention separates the authors' SOAP from heavyball's. In benchmarks/results/nanogpt_matrix.md,
   Symo's `soap` preset (the authors' algorithm and defaults) ends level with the authors' own SOAP and behind
