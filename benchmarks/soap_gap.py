@@ -40,11 +40,13 @@ seed by seed:
 - `qkv_rotation`: what SOAP's eigenbasis rotation is worth to SOAP-Muon. Without it (`max_precond_dim=1`: no side
   rotated) the step is Adam's second moment in the weights' own coordinates, then the polar factor; rotating the
   momentum alone would change nothing, since the polar factor commutes with rotations. With `max_precond_dim=128`
-  the MLP's 512-wide sides, whose statistics and QR refreshes cost the most, stay unrotated.
+  the MLP's 512-wide sides, whose statistics and QR refreshes cost the most, stay unrotated. The unrotated variant
+  also runs seeds 3-5 (paired with the `qkv` study's): it keeps no statistics, and ended ahead of Muon on each of the
+  campaign's seeds.
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 
-    python -m benchmarks.soap_gap              # 77 runs of about 10 minutes on 2 workers (about 7 h)
+    python -m benchmarks.soap_gap              # 80 runs of 6-10 minutes on 2 workers (about 7 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0, heavyball's SOAP
@@ -77,7 +79,8 @@ REGIME, SEEDS = "reference", (0, 1, 2)
 # its base's (from there too where the base is a campaign arm): the 0.85x goal is about figures that move by 0.1x
 # between three-seed subsets
 SIX_SEEDS, EXTRA_SEEDS = {"soap_muon": "soap_muon_neuron_norm", "qkv": "soap_muon_qkv",
-                           "qkv_polar_sides": "soap_muon_qkv_one_sided"}, (3, 4, 5)
+                           "qkv_polar_sides": "soap_muon_qkv_one_sided", "qkv_rotation": "soap_muon_qkv_unrotated"
+                           }, (3, 4, 5)
 
 
 def six_seeded(study_name: str, variant: str) -> bool:
