@@ -13,8 +13,8 @@ Optimizers: torch AdamW (all parameters); the reference Muon (tests/references.p
 hidden matrices + torch AdamW on the rest; Symo with specs/gpt_muon.toml (Muon-style, eager and torch.compile'd);
 Symo with specs/gpt.toml (per-head gauges); the reference Shampoo (float64 eigh every step, as published) on the
 hidden matrices + AdamW; SOAP from Symo's preset, pytorch-optimizer and heavyball; SOAP-Muon (Symo's soap_muon,
-symo train's default step) on gpt_muon.toml and on gpt_muon_qkv.toml (symo train's default spec). The table goes
-to stdout and to benchmarks/results/step_overhead.md.
+symo train's default step) on gpt_muon.toml and on gpt_muon_qkv.toml (symo train's default spec), and on the latter
+without SOAP's rotation (max_precond_dim=1). The table goes to stdout and to benchmarks/results/step_overhead.md.
 """
 
 from __future__ import annotations
@@ -154,6 +154,10 @@ def make_optimizers(compile_step: bool, refs) -> dict[str, Callable[[torch.nn.Mo
     for spec in ("gpt_muon", "gpt_muon_qkv"):
         makers[f"Symo soap_muon, refresh 10 ({spec}.toml)"] = lambda m, spec=spec: Symo(
             m.named_parameters(), ROOT / "specs" / f"{spec}.toml", preset="soap_muon")
+    # SOAP-Muon without SOAP's rotation (no side rotated: Adam's second moment in the weights' coordinates, then the
+    # polar factor), which keeps no statistics or bases
+    makers["Symo soap_muon, no side rotated (max_precond_dim 1, gpt_muon_qkv.toml)"] = lambda m: Symo(
+        m.named_parameters(), ROOT / "specs" / "gpt_muon_qkv.toml", preset="soap_muon", max_precond_dim=1)
     makers["SOAP (pytorch-optimizer), refresh 10 + AdamW"] = lambda m: Combo(
         library_soap("pytorch_optimizer", split(m)[0]), torch.optim.AdamW(split(m)[1], **adam_kw))
     makers["SOAP (heavyball), refresh 2 + AdamW"] = lambda m: Combo(
@@ -240,19 +244,21 @@ def main(argv: list[str] | None = None) -> None:
             results[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"}
             print(f"{name}: FAILED ({results[name]['error']})", flush=True)
             continue
-        inner = opt.opts if isinstance(opt, Combo) else (opt,)
         runs[name] = (model, opt, [])
-        results[name] = {"warmup_s": warm, "bytes": state_bytes(*inner)}
+        results[name] = {"warmup_s": warm}
         print(f"{name}: warm-up {warm:.1f} s", flush=True)
     for r in range(args.steps):
         for name, (model, opt, times) in runs.items():
             if is_slow(name) and r >= args.slow_steps:
                 continue
             times.append(one_step(model, opt, grads[r % 3], sync))
-    for name, (_, _, times) in runs.items():
-        # the mean counts the steps that refresh factors every k steps; the median shows the steps between
+    for name, (_, opt, times) in runs.items():
+        # the mean counts the steps that refresh factors every k steps; the median shows the steps between. The
+        # state is counted after the timed steps: SOAP's first step only builds its statistics, and Symo allocates
+        # Adam's second moment at the first update, so after one warm-up step that state is not there yet
+        inner = opt.opts if isinstance(opt, Combo) else (opt,)
         results[name].update(median=statistics.median(times), mean=statistics.mean(times), min=min(times),
-                             steps=len(times))
+                             steps=len(times), bytes=state_bytes(*inner))
         print(f"{name}: {results[name]['median'] * 1e3:.1f} ms/step", flush=True)
 
     adam = results[BASELINES[0]]["median"]
