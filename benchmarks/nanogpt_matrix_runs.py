@@ -85,6 +85,13 @@ ARMS: dict[str, dict[str, Any]] = {
     # SOAP-Muon's tuned settings; here it is tuned as every arm is)
     "symo_soap_muon_gpt_muon_qkv": {"kind": "symo", "spec": "gpt_muon_qkv", "options": SOAP_MUON,
                                     "grid": [0.01, 0.02, 0.04], "label": "Symo SOAP-Muon, gpt_muon_qkv"},
+    # SOAP-Muon with each MLP's c_fc and c_proj as one block through their hidden units (gpt_muon_qkv_mlp: the
+    # coupling the MLP's true symmetry makes, with gpt_muon_qkv's attention): whether the coupling that gpt_true
+    # adds to the MLP helps SOAP-Muon, apart from gpt_true's per-head attention gauges; each matrix keeps Muon's
+    # per-shape RMS (parameter_rms), so the coupling changes the update's direction, not its size
+    "symo_soap_muon_gpt_muon_qkv_mlp": {"kind": "symo", "spec": "gpt_muon_qkv_mlp", "options": SOAP_MUON,
+                                        "grid": [0.01, 0.02, 0.04],
+                                        "label": "Symo SOAP-Muon, gpt_muon_qkv_mlp (MLP one block)"},
     # Muon's step on gpt_muon_qkv (q, k and v three polar factors, as Muon in the public speed records splits them):
     # the baseline's own step with the split, tuned as every arm is, so that what SOAP-Muon gains on gpt_muon_qkv
     # can be told apart from what the split gives any polar step
