@@ -141,7 +141,7 @@ def build(arm: dict, model: Any, lr: float, wd: float, adamw_lr: float, n_embd: 
         return Chained(getattr(heavyball, arm["class"])(hidden, lr=lr, weight_decay=wd),
                        torch.optim.AdamW(rest, lr=adamw_lr, betas=(0.9, 0.95), weight_decay=0.0))
     import symo
-    from symo.train.loop import head_basis_sizes
+    from symo.train.optimizers import head_basis_sizes
 
     spec = symo.load_spec(arm["spec"])
     sizes = head_basis_sizes(spec, n_embd // n_head)

@@ -127,8 +127,8 @@ def test_nanogpt_runs_trained_here_take_their_columns_spec_with_parameter_rms_on
     symo train builds the muon preset on gpt_true with today's default, parameter_rms on."""
     from benchmarks.nanogpt_compare import QUICK_SETUP, SETUP
     from symo.train import TrainConfig
-    from symo.train.loop import build_optimizer
     from symo.train.models import GPT, GPTConfig
+    from symo.train.optimizers import build_optimizer
 
     muon = lt.nanogpt_job("preset_shampoo", 0.05, "muon", dict(SETUP), "/tmp/x")
     true = lt.nanogpt_job("preset_shampoo", 0.05, "true", dict(SETUP), "/tmp/x")

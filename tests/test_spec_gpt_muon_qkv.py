@@ -14,8 +14,8 @@ from helpers import F64, polar, rel
 
 import symo
 from symo.train import TrainConfig
-from symo.train.loop import build_optimizer, head_basis_sizes
 from symo.train.models import GPT, GPTConfig
+from symo.train.optimizers import build_optimizer, head_basis_sizes
 
 SPLIT = ('[spaces]\npart = { group = "identity", size = 3 }\nrows = { group = "signed_perm", per = "part" }\n'
          '[params]\nw = ["(part rows)", "_"]\n')

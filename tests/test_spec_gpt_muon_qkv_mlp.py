@@ -16,8 +16,8 @@ from helpers import F64, polar, rel
 
 import symo
 from symo.train import TrainConfig
-from symo.train.loop import build_optimizer
 from symo.train.models import GPT, GPTConfig
+from symo.train.optimizers import build_optimizer
 
 # one MLP's two matrices as the spec couples them: fc (h x d) rows and proj (d x h) columns share the hidden space
 COUPLED = '[spaces]\nmlp = "signed_perm"\n[params]\nfc = ["mlp", "_"]\nproj = ["_", "mlp"]\n'

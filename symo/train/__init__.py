@@ -1,6 +1,6 @@
-"""Room 4, the training application: `symo train`'s loop (loop.py), its options (config.py), data,
-checkpoints, the run folder's lock (rundir.py), the memory check of a step (memory.py), run log, progress
-bars, the models the bundled specs describe, and the Muon baseline.
+"""Room 4, the training application: `symo train`'s loop (loop.py), its options (config.py), the optimizer a
+run names (optimizers.py), data, checkpoints, the run folder's lock (rundir.py), the memory check of a step
+(memory.py), run log, progress bars, the models the bundled specs describe, and the Muon baseline.
 
     from symo.train import TrainConfig, train
     result = train(TrainConfig(steps=200))         # prints nothing; observer= sees the progress (events.py)
@@ -18,7 +18,7 @@ from typing import Any
 _LAZY = {
     "DEFAULT_LR": ".config", "OPTIMIZERS": ".config", "RESUME_KEYS": ".config", "TrainConfig": ".config",
     "RunStart": ".events", "StepReport": ".events", "TrainInterrupted": ".events", "TrainObserver": ".events",
-    "build_optimizer": ".loop", "evaluate": ".loop", "lr_factor": ".loop", "sample": ".loop",
+    "build_optimizer": ".optimizers", "evaluate": ".loop", "lr_factor": ".loop", "sample": ".loop",
     "saved_options": ".loop", "train": ".loop",
 }
 __all__ = sorted(_LAZY)
