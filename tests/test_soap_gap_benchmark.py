@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks.harness import RunCache
 from benchmarks.nanogpt_matrix_runs import REGIMES, RESULTS
-from benchmarks.soap_gap import EXTRA_SEEDS, SEEDS, SIX_SEEDS, STUDIES, jobs, muon_runs, six_seeds, summarize
+from benchmarks.soap_gap import jobs, muon_runs, six_seeds, summarize
+from benchmarks.soap_gap_studies import EXTRA_SEEDS, SEEDS, SIX_SEEDS, STUDIES
 
 SOAP = STUDIES["soap"]
 
