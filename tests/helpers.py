@@ -9,6 +9,7 @@ import from here, never from one another).
 - `inverse_element`: g^-1 space by space, heads permuted as wholes included;
 - `ROWS`, `COLS`, `loss_grad`, `singular_values_of_updates`: the kinds' edge tests' one-matrix problem
   (tests/test_mutation_kinds.py, test_mutation_kind_edges.py);
+- `muons_first_step_on_gpt`: Muon's first step on a small GPT under a bundled spec (tests/test_spec_gpt_muon_qkv*.py);
 - `newton_schulz_modules`, `keep_newton_schulz`: the modules whose Newton-Schulz a pytorch-optimizer Muon variant
   calls, and their iteration restored after a test that patches it.
 """
@@ -207,6 +208,23 @@ def assert_update_is_muons_polar(model: torch.nn.Module, grads: dict[str, torch.
         u, _, vh = torch.linalg.svd(g, full_matrices=False)
         upd = before[n] - model.get_parameter(n).detach()
         assert rel(upd, max(1.0, g.shape[0] / g.shape[1]) ** 0.5 * u @ vh) < tol, n
+
+
+def muons_first_step_on_gpt(spec: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Muon's first step (lr 1, momentum and damping off, exact polar factor) under `spec` on a 2-layer float64 GPT
+    of width 8: (the hidden matrices' gradients, how far each moved)."""
+    from symo.train.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8)).double()
+    opt = symo.Symo(model.named_parameters(), spec, lr=1.0, beta1=0.0, damping=0.0, backend="eigh",
+                    update_scale="muon")
+    idx = torch.randint(0, 11, (3, 8))
+    model(idx, idx)[1].backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.ndim == 2 and "transformer.h." in n}
+    before = {n: model.get_parameter(n).detach().clone() for n in grads}
+    opt.step()
+    return grads, {n: before[n] - model.get_parameter(n).detach() for n in grads}
 
 
 def newton_schulz_modules(cls: type) -> list:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import F64, polar, rel
+from helpers import F64, muons_first_step_on_gpt, polar, rel
 
 import symo
 from symo.train import TrainConfig
@@ -66,17 +66,9 @@ def test_muons_step_moves_each_of_q_k_v_by_its_own_polar_factor():
     the polar factor of its own gradient, which is not the whole matrix's polar factor (scaled by Muon's sqrt(3));
     the other matrices move as under Muon. The GPT's gradients are rank-deficient (LayerNorm centres the input), so
     the oracle keeps the singular directions above rounding."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8)).double()
-    opt = symo.Symo(model.named_parameters(), "gpt_muon_qkv", lr=1.0, beta1=0.0, damping=0.0, backend="eigh",
-                    update_scale="muon")
-    idx = torch.randint(0, 11, (3, 8))
-    model(idx, idx)[1].backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.ndim == 2 and "transformer.h." in n}
-    before = {n: model.get_parameter(n).detach().clone() for n in grads}
-    opt.step()
+    grads, moved = muons_first_step_on_gpt("gpt_muon_qkv")
     for n, g in grads.items():
-        upd = before[n] - model.get_parameter(n).detach()
+        upd = moved[n]
         if "c_attn" in n:
             want = torch.cat([polar(part, tol=1e-10) for part in g.split(8)])
             assert rel(upd, want) < 1e-8 and rel(upd, 3 ** 0.5 * polar(g, tol=1e-10)) > 0.1, n

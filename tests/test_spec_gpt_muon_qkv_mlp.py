@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from helpers import F64, polar, rel
+from helpers import F64, muons_first_step_on_gpt, polar, rel
 
 import symo
 from symo.train import TrainConfig
@@ -48,16 +48,7 @@ def test_muons_step_moves_the_mlp_by_the_polar_factor_of_its_stacked_gradient():
     """Muon's first step (momentum and damping off, exact polar factor): c_fc and c_proj move by the two parts of the
     polar factor of [G_fc | G_proj^T], each at Muon's per-shape RMS; that is not either matrix's own polar factor.
     The attention's matrices move as under gpt_muon_qkv."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8)).double()
-    opt = symo.Symo(model.named_parameters(), "gpt_muon_qkv_mlp", lr=1.0, beta1=0.0, damping=0.0, backend="eigh",
-                    update_scale="muon")
-    idx = torch.randint(0, 11, (3, 8))
-    model(idx, idx)[1].backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.ndim == 2 and "transformer.h." in n}
-    before = {n: model.get_parameter(n).detach().clone() for n in grads}
-    opt.step()
-    moved = {n: before[n] - model.get_parameter(n).detach() for n in grads}
+    grads, moved = muons_first_step_on_gpt("gpt_muon_qkv_mlp")
     for i in range(2):
         fc, proj = f"transformer.h.{i}.mlp.c_fc.weight", f"transformer.h.{i}.mlp.c_proj.weight"
         p = polar(stacked(grads[fc], grads[proj]), tol=1e-10)
