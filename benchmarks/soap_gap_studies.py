@@ -1,7 +1,7 @@
 """The studies of benchmarks/soap_gap.py: SOAP's conventions and settings, one change at a time, on the nanoGPT
 reference regime.
 
-Eleven studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless the study or a variant names
+Twelve studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless the study or a variant names
 another), for the campaign's three seeds (same initialization and batches), each variant paired with its study's base
 seed by seed:
 
@@ -44,6 +44,11 @@ seed by seed:
   the MLP's 512-wide sides, whose statistics and QR refreshes cost the most, stay unrotated. The unrotated variant
   also runs seeds 3-5 (paired with the `qkv` study's): it keeps no statistics, and ended ahead of Muon on each of the
   campaign's seeds.
+- `mlp_coupling_muon`: what coupling each MLP's c_fc rows and c_proj columns into one block through their hidden
+  units (the spec gpt_muon_qkv_mlp) does to Muon's own step, with no statistics: the part of the coupling's cost to
+  SOAP-Muon (its campaign arm, behind gpt_muon_qkv's at 0.26x Chinchilla) that one polar factor over the two
+  matrices carries, apart from SOAP's bases over the stacked coordinates. At Muon's step's tuned rate and decay on
+  gpt_muon_qkv, which the coupled SOAP-Muon arm chose too.
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 """
@@ -185,6 +190,13 @@ STUDIES: dict[str, Study] = {
         "soap_muon_qkv_max_128": ("SOAP-Muon, gpt_muon_qkv, 512-wide sides unrotated (max_precond_dim 128)", None,
                                   {**SOAP_MUON, "max_precond_dim": 128}),
     }, spec="gpt_muon_qkv"),
+    # one polar factor over each MLP's two matrices (gpt_muon_qkv_mlp) under Muon's own step, which keeps no
+    # statistics: how much of the coupling's cost to SOAP-Muon is the joint polar factor's
+    "mlp_coupling_muon": Study("Muon's step with each MLP one block through its hidden units", 0.02, 0.1, {
+        "muon_step_qkv": ("Muon's step (Symo's defaults), gpt_muon_qkv", None, {"update_scale": "muon"}),
+        "muon_step_qkv_mlp": ("Muon's step (Symo's defaults), gpt_muon_qkv_mlp (each MLP one block)", None,
+                              {"update_scale": "muon"}),
+    }, spec="gpt_muon_qkv", specs={"muon_step_qkv_mlp": "gpt_muon_qkv_mlp"}),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
