@@ -229,3 +229,26 @@ def test_the_rotation_variants_leave_unrotated_only_the_sides_their_labels_name(
         shapes = {(b.mult, b.width) for stage in opt.plan for b in stage.compiled.blocks}
         assert shapes == set(sides), shapes
         assert {shape: opt.kind.inner.rotated_sides(*shape) for shape in shapes} == sides, variant
+
+
+def test_the_mlp_coupling_study_changes_only_the_spec_of_muons_step() -> None:
+    """Muon's step with each MLP one block: the same options, rate and decay as the qkv_muon study's gpt_muon_qkv
+    run (one run, shared), on gpt_muon_qkv_mlp, whose blocks couple c_fc and c_proj and nothing else."""
+    from symo import Symo
+    from symo.train.models import GPT, GPTConfig
+
+    study = STUDIES["mlp_coupling_muon"]
+    base, coupled = study.variants["muon_step_qkv"], study.variants["muon_step_qkv_mlp"]
+    assert base == STUDIES["qkv_muon"].variants["muon_step_qkv"] and coupled[1:] == base[1:]
+    assert (study.lr, study.wd) == (STUDIES["qkv_muon"].lr, STUDIES["qkv_muon"].wd)
+    assert study.spec == "gpt_muon_qkv" and study.specs == {"muon_step_qkv_mlp": "gpt_muon_qkv_mlp"}
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8))
+    blocks = {}
+    for spec in ("gpt_muon_qkv", "gpt_muon_qkv_mlp"):
+        lines = " ".join(Symo(model, spec, lr=0.02, **base[2]).describe().split()).split(" L")[1:]
+        blocks[spec] = [line.split(" ", 1)[1] for line in lines if line[:1].isdigit()]  # without the block's number
+    attention = {spec: [b for b in found if any(space in b.split(":")[0] for space in ("attn", "aproj"))]
+                 for spec, found in blocks.items()}
+    assert attention["gpt_muon_qkv"] == attention["gpt_muon_qkv_mlp"] and len(attention["gpt_muon_qkv"]) == 4
+    assert sum("mlp.c_fc.weight, transformer.h." in b for b in blocks["gpt_muon_qkv_mlp"]) == 2
+    assert not any("mlp.c_fc.weight, transformer.h." in b for b in blocks["gpt_muon_qkv"])
