@@ -1,7 +1,7 @@
 """The studies of benchmarks/soap_gap.py: SOAP's conventions and settings, one change at a time, on the nanoGPT
 reference regime.
 
-Twelve studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless the study or a variant names
+Thirteen studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless the study or a variant names
 another), for the campaign's three seeds (same initialization and batches), each variant paired with its study's base
 seed by seed:
 
@@ -49,6 +49,9 @@ seed by seed:
   SOAP-Muon (its campaign arm, behind gpt_muon_qkv's at 0.26x Chinchilla) that one polar factor over the two
   matrices carries, apart from SOAP's bases over the stacked coordinates. At Muon's step's tuned rate and decay on
   gpt_muon_qkv, which the coupled SOAP-Muon arm chose too.
+- `true_rms`: SOAP-Muon on gpt_true with the per-parameter RMS (`parameter_rms`, Symo's default), which the
+  campaign's gpt_true arm ran without (Muon's per-block factor alone). The per-parameter RMS exists so that one rate
+  serves every spec of a model, so the variant runs at the arm's tuned rate and decay rather than on its own grid.
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 """
@@ -197,6 +200,14 @@ STUDIES: dict[str, Study] = {
         "muon_step_qkv_mlp": ("Muon's step (Symo's defaults), gpt_muon_qkv_mlp (each MLP one block)", None,
                               {"update_scale": "muon"}),
     }, spec="gpt_muon_qkv", specs={"muon_step_qkv_mlp": "gpt_muon_qkv_mlp"}),
+    # the campaign's gpt_true SOAP-Muon arm moved each block at Muon's per-block factor alone (parameter_rms=False);
+    # Symo's default rescales each parameter to Muon's per-shape RMS, so that the rate of a Muon-style spec serves
+    "true_rms": Study("SOAP-Muon on gpt_true: the per-parameter RMS (Symo's default)", 0.02, 0.1, {
+        "soap_muon_true": ("SOAP-Muon, gpt_true, Muon's per-block factor alone (parameter_rms=False: the campaign arm)",
+                           "symo_soap_muon_gpt_true", {**SOAP_MUON, "parameter_rms": False}),
+        "soap_muon_true_rms": ("SOAP-Muon, gpt_true, the per-parameter RMS (parameter_rms=True, the default)", None,
+                               SOAP_MUON),
+    }, spec="gpt_true"),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
