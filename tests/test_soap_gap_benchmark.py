@@ -252,3 +252,15 @@ def test_the_mlp_coupling_study_changes_only_the_spec_of_muons_step() -> None:
     assert attention["gpt_muon_qkv"] == attention["gpt_muon_qkv_mlp"] and len(attention["gpt_muon_qkv"]) == 4
     assert sum("mlp.c_fc.weight, transformer.h." in b for b in blocks["gpt_muon_qkv_mlp"]) == 2
     assert not any("mlp.c_fc.weight, transformer.h." in b for b in blocks["gpt_muon_qkv"])
+
+
+def test_the_true_rms_variant_changes_only_parameter_rms_from_the_campaigns_gpt_true_arm() -> None:
+    from benchmarks.nanogpt_matrix_runs import ARMS
+    from symo.optim import SymoConfig
+
+    study = STUDIES["true_rms"]
+    (_, arm, base), (_, own_arm, variant) = study.variants.values()
+    assert arm == "symo_soap_muon_gpt_true" and base == ARMS[arm]["options"] and own_arm is None
+    assert study.spec == ARMS[arm]["spec"] == "gpt_true" and not study.specs
+    assert {k: v for k, v in base.items() if variant.get(k) != v} == {"parameter_rms": False}
+    assert "parameter_rms" not in variant and SymoConfig().parameter_rms  # the variant takes Symo's default
