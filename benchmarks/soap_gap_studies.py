@@ -1,7 +1,7 @@
 """The studies of benchmarks/soap_gap.py: SOAP's conventions and settings, one change at a time, on the nanoGPT
 reference regime.
 
-Thirteen studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless the study or a variant names
+Fourteen studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless the study or a variant names
 another), for the campaign's three seeds (same initialization and batches), each variant paired with its study's base
 seed by seed:
 
@@ -52,6 +52,11 @@ seed by seed:
 - `true_rms`: SOAP-Muon on gpt_true with the per-parameter RMS (`parameter_rms`, Symo's default), which the
   campaign's gpt_true arm ran without (Muon's per-block factor alone). The per-parameter RMS exists so that one rate
   serves every spec of a model, so the variant runs at the arm's tuned rate and decay rather than on its own grid.
+- `true_attention`: what the true symmetry's per-head attention gauges do to SOAP-Muon alone. The study spec
+  benchmarks/specs/gpt_true_attention.toml is gpt_true's attention (per-head O(d_head) on query/key and on
+  value/output, c_attn's bias with them) with gpt_muon_qkv's MLP, run beside SOAP-Muon on gpt_muon_qkv at its
+  tuned rate and decay, which the gpt_true arm chose too. With the campaign's gpt_muon_qkv_mlp arm (the MLP's
+  coupling alone) it splits what gpt_true loses to gpt_muon_qkv.
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 """
@@ -208,6 +213,12 @@ STUDIES: dict[str, Study] = {
         "soap_muon_true_rms": ("SOAP-Muon, gpt_true, the per-parameter RMS (parameter_rms=True, the default)", None,
                                SOAP_MUON),
     }, spec="gpt_true"),
+    # gpt_true's attention with gpt_muon_qkv's MLP: the per-head gauges alone, beside the campaign's gpt_muon_qkv_mlp
+    # arm (the MLP's coupling alone)
+    "true_attention": Study("SOAP-Muon with the true symmetry's per-head attention gauges alone", 0.02, 0.1, {
+        "soap_muon_qkv_arm": ("SOAP-Muon, gpt_muon_qkv (the campaign arm)", "symo_soap_muon_gpt_muon_qkv", SOAP_MUON),
+        "soap_muon_true_attention": ("SOAP-Muon, gpt_true's attention with gpt_muon_qkv's MLP", None, SOAP_MUON),
+    }, spec="gpt_muon_qkv", specs={"soap_muon_true_attention": "benchmarks/specs/gpt_true_attention.toml"}),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),
