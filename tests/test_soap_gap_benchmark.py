@@ -264,3 +264,26 @@ def test_the_true_rms_variant_changes_only_parameter_rms_from_the_campaigns_gpt_
     assert study.spec == ARMS[arm]["spec"] == "gpt_true" and not study.specs
     assert {k: v for k, v in base.items() if variant.get(k) != v} == {"parameter_rms": False}
     assert "parameter_rms" not in variant and SymoConfig().parameter_rms  # the variant takes Symo's default
+
+
+def test_the_true_attention_spec_is_gpt_trues_attention_with_gpt_muon_qkvs_mlp() -> None:
+    """The study spec's blocks: gpt_true's attention blocks (per-head gauges, c_attn's bias with them) and
+    gpt_muon_qkv's MLP blocks, each the same as in its own spec; the variant changes nothing else from its base."""
+    from symo import Symo
+    from symo.train.models import GPT, GPTConfig
+
+    study = STUDIES["true_attention"]
+    (_, arm, base), (_, _, variant) = study.variants.values()
+    assert arm == "symo_soap_muon_gpt_muon_qkv" and base == variant and (study.lr, study.wd) == (0.02, 0.1)
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8))
+    sizes = {"dqk{i}": 4, "dvo{i}": 4}
+
+    def blocks(spec: str, with_sizes: bool) -> list[str]:
+        text = " ".join(Symo(model, spec, lr=0.02, **base, **({"sizes": sizes} if with_sizes else {})).describe()
+                        .split(" AdamW:")[0].split(" at Muon's per-shape RMS")[0].split())
+        return [line.split(" ", 1)[1] for line in text.split(" L")[1:] if line[:1].isdigit()]
+
+    mixed = blocks(study.specs["soap_muon_true_attention"], True)
+    true, qkv = blocks("gpt_true", True), blocks("gpt_muon_qkv", False)
+    assert [b for b in mixed if ".attn." in b] == [b for b in true if ".attn." in b] and len(mixed) == 8
+    assert [b for b in mixed if ".mlp." in b] == [b for b in qkv if ".mlp." in b]
