@@ -231,27 +231,35 @@ def test_the_rotation_variants_leave_unrotated_only_the_sides_their_labels_name(
         assert {shape: opt.kind.inner.rotated_sides(*shape) for shape in shapes} == sides, variant
 
 
+def blocks_on_a_small_gpt(spec: str, sizes: dict[str, int] | None = None) -> dict[str, tuple]:
+    """{block name: (batch, mult, width, its parameters)} of `spec` compiled for a 2-layer GPT of width 8."""
+    from symo import compile
+    from symo.train.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8))
+    compiled = compile(spec, {n: tuple(p.shape) for n, p in model.named_parameters()}, sizes=sizes)
+    return {b.name: (b.batch, b.mult, b.width, b.params) for b in compiled.blocks}
+
+
+def attention_and_mlp(blocks: dict[str, tuple]) -> tuple[dict, dict]:
+    """The blocks holding an attention parameter, and those holding an MLP parameter."""
+    return tuple({n: b for n, b in blocks.items() if any(f".{part}." in p for p in b[3])} for part in ("attn", "mlp"))
+
+
 def test_the_mlp_coupling_study_changes_only_the_spec_of_muons_step() -> None:
     """Muon's step with each MLP one block: the same options, rate and decay as the qkv_muon study's gpt_muon_qkv
     run (one run, shared), on gpt_muon_qkv_mlp, whose blocks couple c_fc and c_proj and nothing else."""
-    from symo import Symo
-    from symo.train.models import GPT, GPTConfig
-
     study = STUDIES["mlp_coupling_muon"]
     base, coupled = study.variants["muon_step_qkv"], study.variants["muon_step_qkv_mlp"]
     assert base == STUDIES["qkv_muon"].variants["muon_step_qkv"] and coupled[1:] == base[1:]
     assert (study.lr, study.wd) == (STUDIES["qkv_muon"].lr, STUDIES["qkv_muon"].wd)
     assert study.spec == "gpt_muon_qkv" and study.specs == {"muon_step_qkv_mlp": "gpt_muon_qkv_mlp"}
-    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8))
-    blocks = {}
-    for spec in ("gpt_muon_qkv", "gpt_muon_qkv_mlp"):
-        lines = " ".join(Symo(model, spec, lr=0.02, **base[2]).describe().split()).split(" L")[1:]
-        blocks[spec] = [line.split(" ", 1)[1] for line in lines if line[:1].isdigit()]  # without the block's number
-    attention = {spec: [b for b in found if any(space in b.split(":")[0] for space in ("attn", "aproj"))]
-                 for spec, found in blocks.items()}
-    assert attention["gpt_muon_qkv"] == attention["gpt_muon_qkv_mlp"] and len(attention["gpt_muon_qkv"]) == 4
-    assert sum("mlp.c_fc.weight, transformer.h." in b for b in blocks["gpt_muon_qkv_mlp"]) == 2
-    assert not any("mlp.c_fc.weight, transformer.h." in b for b in blocks["gpt_muon_qkv"])
+    qkv_attention, qkv_mlp = attention_and_mlp(blocks_on_a_small_gpt("gpt_muon_qkv"))
+    attention, mlp = attention_and_mlp(blocks_on_a_small_gpt("gpt_muon_qkv_mlp"))
+    assert attention == qkv_attention and len(attention) == 4
+    assert sorted(b[3] for b in mlp.values()) == [(f"transformer.h.{i}.mlp.c_fc.weight",
+                                                   f"transformer.h.{i}.mlp.c_proj.weight") for i in range(2)]
+    assert all(len(b[3]) == 1 for b in qkv_mlp.values()) and len(qkv_mlp) == 4
 
 
 def test_the_true_rms_variant_changes_only_parameter_rms_from_the_campaigns_gpt_true_arm() -> None:
@@ -269,21 +277,10 @@ def test_the_true_rms_variant_changes_only_parameter_rms_from_the_campaigns_gpt_
 def test_the_true_attention_spec_is_gpt_trues_attention_with_gpt_muon_qkvs_mlp() -> None:
     """The study spec's blocks: gpt_true's attention blocks (per-head gauges, c_attn's bias with them) and
     gpt_muon_qkv's MLP blocks, each the same as in its own spec; the variant changes nothing else from its base."""
-    from symo import Symo
-    from symo.train.models import GPT, GPTConfig
-
     study = STUDIES["true_attention"]
     (_, arm, base), (_, _, variant) = study.variants.values()
     assert arm == "symo_soap_muon_gpt_muon_qkv" and base == variant and (study.lr, study.wd) == (0.02, 0.1)
-    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8))
     sizes = {"dqk{i}": 4, "dvo{i}": 4}
-
-    def blocks(spec: str, with_sizes: bool) -> list[str]:
-        text = " ".join(Symo(model, spec, lr=0.02, **base, **({"sizes": sizes} if with_sizes else {})).describe()
-                        .split(" AdamW:")[0].split(" at Muon's per-shape RMS")[0].split())
-        return [line.split(" ", 1)[1] for line in text.split(" L")[1:] if line[:1].isdigit()]
-
-    mixed = blocks(study.specs["soap_muon_true_attention"], True)
-    true, qkv = blocks("gpt_true", True), blocks("gpt_muon_qkv", False)
-    assert [b for b in mixed if ".attn." in b] == [b for b in true if ".attn." in b] and len(mixed) == 8
-    assert [b for b in mixed if ".mlp." in b] == [b for b in qkv if ".mlp." in b]
+    attention, mlp = attention_and_mlp(blocks_on_a_small_gpt(study.specs["soap_muon_true_attention"], sizes))
+    assert attention == attention_and_mlp(blocks_on_a_small_gpt("gpt_true", sizes))[0] and len(attention) == 4
+    assert mlp == attention_and_mlp(blocks_on_a_small_gpt("gpt_muon_qkv"))[1] and len(mlp) == 4
