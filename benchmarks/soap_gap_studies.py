@@ -1,7 +1,7 @@
 """The studies of benchmarks/soap_gap.py: SOAP's conventions and settings, one change at a time, on the nanoGPT
 reference regime.
 
-Fourteen studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless the study or a variant names
+Fifteen studies, each at its preset's tuned rate and decay on the gpt_muon spec (unless the study or a variant names
 another), for the campaign's three seeds (same initialization and batches), each variant paired with its study's base
 seed by seed:
 
@@ -57,6 +57,12 @@ seed by seed:
   value/output, c_attn's bias with them) with gpt_muon_qkv's MLP, run beside SOAP-Muon on gpt_muon_qkv at its
   tuned rate and decay, which the gpt_true arm chose too. With the campaign's gpt_muon_qkv_mlp arm (the MLP's
   coupling alone) it splits what gpt_true loses to gpt_muon_qkv.
+- `true_mlp`: what the rest of the true symmetry's MLP does to SOAP-Muon beside the coupling. The study spec
+  benchmarks/specs/gpt_true_mlp.toml is gpt_muon_qkv_mlp with gpt_true's MLP: plain permutations of the hidden
+  units in place of signed ones (the invariant mean direction of every layer's hidden units then splits off, and all
+  layers' stack into one block of their own) and c_fc's bias moved with its hidden units. It runs beside the
+  campaign's gpt_muon_qkv_mlp arm at its tuned rate and decay; with `true_attention` it measures each part by which
+  gpt_true differs from gpt_muon_qkv, where the campaign measured only their sum.
 - `heavyball_details`: which of heavyball's three details carries the rest of the first study's gap. From `soap`
   with heavyball's two defaults, it adds one detail at a time; its last row, `soap_heavyball`, has all three.
 """
@@ -219,6 +225,14 @@ STUDIES: dict[str, Study] = {
         "soap_muon_qkv_arm": ("SOAP-Muon, gpt_muon_qkv (the campaign arm)", "symo_soap_muon_gpt_muon_qkv", SOAP_MUON),
         "soap_muon_true_attention": ("SOAP-Muon, gpt_true's attention with gpt_muon_qkv's MLP", None, SOAP_MUON),
     }, spec="gpt_muon_qkv", specs={"soap_muon_true_attention": "benchmarks/specs/gpt_true_attention.toml"}),
+    # gpt_muon_qkv_mlp with gpt_true's MLP (plain perms, c_fc's bias covered): the last of gpt_true's parts that no
+    # run had measured alone, beside the campaign's coupled arm
+    "true_mlp": Study("SOAP-Muon with the true symmetry's MLP beside the coupling alone", 0.02, 0.1, {
+        "soap_muon_qkv_mlp_arm": ("SOAP-Muon, gpt_muon_qkv_mlp (the campaign arm: signed perms, bias to AdamW)",
+                                  "symo_soap_muon_gpt_muon_qkv_mlp", SOAP_MUON),
+        "soap_muon_true_mlp": ("SOAP-Muon, gpt_true's MLP (plain perms, the mean block, c_fc's bias covered)", None,
+                               SOAP_MUON),
+    }, spec="gpt_muon_qkv_mlp", specs={"soap_muon_true_mlp": "benchmarks/specs/gpt_true_mlp.toml"}),
     "heavyball_details": Study("Which of heavyball's details carries the rest", 6e-3, 0.0, {
         "soap_both_defaults": ("soap with heavyball's defaults (beta1 0.9, refresh every 2)", None,
                                {"preset": "soap", "beta1": 0.9, "precondition_frequency": 2}),

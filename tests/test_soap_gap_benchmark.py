@@ -284,3 +284,19 @@ def test_the_true_attention_spec_is_gpt_trues_attention_with_gpt_muon_qkvs_mlp()
     attention, mlp = attention_and_mlp(blocks_on_a_small_gpt(study.specs["soap_muon_true_attention"], sizes))
     assert attention == attention_and_mlp(blocks_on_a_small_gpt("gpt_true", sizes))[0] and len(attention) == 4
     assert mlp == attention_and_mlp(blocks_on_a_small_gpt("gpt_muon_qkv"))[1] and len(mlp) == 4
+
+
+def test_the_true_mlp_spec_is_gpt_muon_qkv_mlp_with_gpt_trues_mlp() -> None:
+    """The study spec's blocks: gpt_muon_qkv_mlp's attention blocks and gpt_true's MLP blocks (per-layer perm blocks
+    with c_fc's bias, and every layer's mean direction in one block), each the same as in its own spec; the variant
+    changes nothing else from the campaign's coupled arm."""
+    from benchmarks.nanogpt_matrix_runs import ARMS
+
+    study = STUDIES["true_mlp"]
+    (_, arm, base), (_, own_arm, variant) = study.variants.values()
+    assert arm == "symo_soap_muon_gpt_muon_qkv_mlp" and own_arm is None and base == variant == ARMS[arm]["options"]
+    assert study.spec == ARMS[arm]["spec"] and (study.lr, study.wd) == (0.02, 0.1)
+    attention, mlp = attention_and_mlp(blocks_on_a_small_gpt(study.specs["soap_muon_true_mlp"]))
+    assert attention == attention_and_mlp(blocks_on_a_small_gpt("gpt_muon_qkv_mlp"))[0] and len(attention) == 4
+    assert mlp == attention_and_mlp(blocks_on_a_small_gpt("gpt_true", {"dqk{i}": 4, "dvo{i}": 4}))[1]
+    assert sorted(len(b[3]) for b in mlp.values()) == [3, 3, 6]  # each layer's hidden units, and the mean block
