@@ -13,6 +13,7 @@ from cases import MUON, SIZES, TANH
 
 import symo
 from symo.optim import Symo, SymoConfig
+from symo.optim.config import configured
 from symo.train.models import MLP
 
 FREE_HEADS = """
@@ -107,6 +108,28 @@ def test_constructor_messages():
     with raises(NotImplementedError, "Symo compiles its spec for the parameters given at construction; create a "
                                      "new optimizer to add parameters"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+
+
+def test_other_libraries_names_and_near_misses_are_told_what_symo_calls_them():
+    """SOAP's and Adam's option names, and a misspelt option, name Symo's option in the message; a name with no near
+    miss gets no guess."""
+    named = list(MLP(SIZES).named_parameters())
+    cases = {"betas": "(SOAP's and Adam's betas=(b1, b2) are Symo's beta1=b1, the momentum, and adam_beta2=b2, the "
+                      "SOAP kinds' second moment)",
+             "shampoo_beta": "(SOAP's shampoo_beta is Symo's beta2, the EMA of the Kronecker statistics)",
+             "merge_dims": "(Symo has no merge_dims: the spec decides which coordinates form a block)",
+             "precondition_freq": "(did you mean 'precondition_frequency'?)", "weight_decy": "(did you mean "
+             "'weight_decay'?)", "eps_placment": "(did you mean 'eps_placement'?)"}
+    for name, hint in cases.items():
+        with pytest.raises(TypeError, match=f"^unknown option '{name}' {re.escape(hint)}; the options are "):
+            Symo(named, MUON, preset="soap", **{name: 1})
+    with pytest.raises(TypeError, match="^unknown option 'bogus'; the options are "):
+        Symo(named, MUON, preset="soap", bogus=1)
+    with pytest.raises(TypeError, match=re.escape("eps_placment is not an option of preconditioner "
+                                                  "'then_orthogonalize' with inner 'eigen_adam' (did you mean "
+                                                  "'eps_placement'?); its options are [")):
+        configured(SymoConfig(preconditioner="then_orthogonalize", inner="eigen_adam").preconditioner,
+                   {"eps_placment": "clamp"})
 
 
 def test_group_option_messages_name_the_group_only_when_there_are_several():

@@ -14,6 +14,7 @@ is the field's name, except the built-in AdamW's, which carry an `adamw_` prefix
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
@@ -166,6 +167,27 @@ DEFAULT_KIND = "polar"
 _WHY = {"polar": "the polar kind (Symo's default, Muon's step) uses this step's statistic alone"}
 
 
+# option names of the well-known implementations (torch's Adam, pytorch-optimizer's and heavyball's SOAP) that Symo
+# spells otherwise, or has no counterpart of: what a user coming from them needs to hear
+OTHER_LIBRARIES = {
+    "betas": "SOAP's and Adam's betas=(b1, b2) are Symo's beta1=b1, the momentum, and adam_beta2=b2, the SOAP kinds' "
+             "second moment",
+    "shampoo_beta": "SOAP's shampoo_beta is Symo's beta2, the EMA of the Kronecker statistics",
+    "merge_dims": "Symo has no merge_dims: the spec decides which coordinates form a block",
+    "precondition_1d": "Symo has no precondition_1d: a 1-D parameter is preconditioned where the spec covers it "
+                       "and goes to Symo's AdamW otherwise",
+}
+
+
+def spelling_hint(name: str, options: list[str]) -> str:
+    """' (what `name` is called here)' for another library's name, ' (did you mean ...?)' naming the nearest of
+    `options` for a near miss, or ''."""
+    if name in OTHER_LIBRARIES:
+        return f" ({OTHER_LIBRARIES[name]})"
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def not_an_option(name: str, kind: str) -> TypeError:
     """The error for an option the chosen kind does not have: which kinds have it, or what the options are."""
     owners = OWNERS.get(name)
@@ -175,7 +197,9 @@ def not_an_option(name: str, kind: str) -> TypeError:
                          f"{', '.join(owners)}: pass preconditioner={owners[0]!r} (or a preset) to use it")
     if name in FEATURES:
         return TypeError(f"{name} must be a {FEATURES[name].__name__}")
-    return TypeError(f"unknown option {name!r}; the options are {sorted(FLAT)}, 'preconditioner' and the "
+    every = [*FLAT, *FEATURES, "preconditioner", *OWNERS]
+    return TypeError(f"unknown option {name!r}{spelling_hint(name, every)}; the options are {sorted(FLAT)}, "
+                     f"'preconditioner' and the "
                      f"options of the chosen kind ({kind}: {list(KIND_OPTIONS[kind])})")
 
 
@@ -209,8 +233,8 @@ def configured(base: KindConfig, changes: dict[str, Any]) -> KindConfig:
         for name in rest:
             if name not in inner.option_names():
                 names = list(base.own_options()) + [n for n in inner.option_names() if n not in own]
-                raise TypeError(f"{name} is not an option of preconditioner {base.kind!r} with inner {inner.kind!r}; "
-                                f"its options are {names}")
+                raise TypeError(f"{name} is not an option of preconditioner {base.kind!r} with inner {inner.kind!r}"
+                                f"{spelling_hint(name, names)}; its options are {names}")
         mine["inner"] = configured(inner, rest)
     return base.with_options(mine)
 
