@@ -122,8 +122,8 @@ def test_rows_split_in_the_spec_step_as_three_separate_matrices(options):
 def test_in_the_dtypes_users_train_in(dtype):
     """float32 and bfloat16, 30 steps: under Muon's step the split weight still steps as three separate matrices
     (bit for bit in float32, to bfloat16's rounding in bfloat16). Under SOAP-Muon the two only agree to rounding,
-    which its Adam step in a rotated basis turns into O(1) moves, as between any two runs of SOAP (README, "Why two
-    runs of one SOAP end apart"): both stay finite and move."""
+    which its Adam step in a rotated basis turns into O(1) moves, as between any two runs of SOAP (README, "Two runs
+    of one SOAP end apart"): both stay finite and move."""
     torch.manual_seed(1)
     for options in ({"update_scale": "muon"}, {**SOAP_MUON, "stats_dtype": "float32", "precondition_frequency": 4}):
         w, parts, split, three, target = split_and_three(6, dtype, options)
