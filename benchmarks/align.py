@@ -183,7 +183,8 @@ def case_gpt(quick: bool, optimizer: str = "symo") -> tuple[dict, str]:
     for seed in (0, 1):
         run = CACHE / (f"gpt_{steps}_s{seed}" if optimizer == "symo" else f"gpt_{optimizer}_{steps}_s{seed}")
         cfg = TrainConfig(steps=steps, seed=seed, out_dir=str(run), threads=1, progress=False, sample_chars=0,
-                          optimizer=optimizer, preset=None, resume=(run / "ckpt.pt").is_file())  # Muon's step
+                          optimizer=optimizer, preset=None, weight_decay=0.0,  # Muon's step, no decay
+                          resume=(run / "ckpt.pt").is_file())
         if not (run / "ckpt.pt").is_file() or torch.load(run / "ckpt.pt", weights_only=True)["step"] < steps:
             train(cfg)
         blob = torch.load(run / "ckpt.pt", weights_only=True)

@@ -177,7 +177,8 @@ def nanogpt_job(arm: str, lr: float, column: str, gpt: dict[str, Any], run_root:
     size = "x".join(str(gpt[k]) for k in ("n_layer", "n_embd", "n_head", "batch_size", "block_size", "steps"))
     return {"key": f"nanogpt/{arm}/lr{lr:g}/seed0/{size}" + ("" if spec == "gpt_muon" else f"/{spec}"),
             "variant": arm, "run_root": run_root,
-            "config": {"optimizer": "symo", "spec": spec, "lr": lr, "seed": 0, **_arm_config(arm), **gpt}}
+            "config": {"optimizer": "symo", "spec": spec, "lr": lr, "seed": 0, "weight_decay": 0.0,  # rates alone
+                       **_arm_config(arm), **gpt}}
 
 
 def _arm_config(arm: str) -> dict[str, Any]:

@@ -88,16 +88,17 @@ REFERENCE_NOTES = (
     "spec) AdamW's time per step, against Muon's 1.15x.",
 )
 NOTES = {NAME: SMALL_NOTES, f"{NAME}_reference": REFERENCE_NOTES}
+# every run is without weight decay (the comparison tunes the rate alone; symo train's default decay came later)
 VARIANTS = {
-    "adamw": {"optimizer": "adamw"},
-    "muon": {"optimizer": "muon"},
+    "adamw": {"optimizer": "adamw", "weight_decay": 0.0},
+    "muon": {"optimizer": "muon", "weight_decay": 0.0},
     # Symo's defaults (Muon's step; preset None), which these runs measured before symo train's default preset
-    "symo_muon": {"optimizer": "symo", "spec": "gpt_muon", "preset": None},
-    "symo_true": {"optimizer": "symo", "spec": "gpt_true", "preset": None},
+    "symo_muon": {"optimizer": "symo", "spec": "gpt_muon", "preset": None, "weight_decay": 0.0},
+    "symo_true": {"optimizer": "symo", "spec": "gpt_true", "preset": None, "weight_decay": 0.0},
     # the notebook preset: averaged S_g (EMA 0.95 of the raw gradient's block statistics), no momentum,
     # natural scale (Adam-like rates), so its rates get their own grid
-    "symo_muon_notebook": {"optimizer": "symo", "spec": "gpt_muon", "preset": "notebook"},
-    "symo_true_notebook": {"optimizer": "symo", "spec": "gpt_true", "preset": "notebook"},
+    "symo_muon_notebook": {"optimizer": "symo", "spec": "gpt_muon", "preset": "notebook", "weight_decay": 0.0},
+    "symo_true_notebook": {"optimizer": "symo", "spec": "gpt_true", "preset": "notebook", "weight_decay": 0.0},
 }
 GRIDS = {  # learning rate of the hidden matrices (AdamW: of every parameter)
     "adamw": [2e-3, 4e-3, 8e-3],

@@ -185,9 +185,9 @@ def test_train_header_names_the_preset_and_resume_refuses_ignored_options(tmp_pa
               "--sample-chars", "0", "--threads", "1", "--no-progress"]
     assert cli.main([*common, "--out-dir", str(tmp_path / "notebook"), "--spec", "gpt_true", "--preset",
                      "notebook"]) == 0
-    assert "symo train: symo (preset notebook, lr 0.01, spec gpt_true)" in capsys.readouterr().out
+    assert "symo train: symo (preset notebook, lr 0.01, weight decay 0.05, spec gpt_true)" in capsys.readouterr().out
     assert cli.main([*common, "--out-dir", str(tmp_path / "adamw"), "--optimizer", "adamw"]) == 0
-    assert "symo train: adamw (lr 0.004)" in capsys.readouterr().out
+    assert "symo train: adamw (lr 0.004, weight decay 0)" in capsys.readouterr().out
     assert cli.main(["train", "--resume", str(tmp_path / "adamw"), "--spec", "gpt_true"]) == 2
     assert "--spec: not used by --optimizer adamw" in capsys.readouterr().err
 

@@ -13,7 +13,15 @@ import argparse
 import dataclasses
 
 from ..optim.presets import PRESETS  # plain data: no torch
-from ..train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, check_given, check_values, parse_symo_option
+from ..train.config import (
+    DEFAULT_LR,
+    DEFAULT_WEIGHT_DECAY,
+    OPTIMIZERS,
+    TrainConfig,
+    check_given,
+    check_values,
+    parse_symo_option,
+)
 from .align_args import add_align_parser, add_merge_parser
 
 # the optimizers `symo equivariance` knows by name (equivariance.py builds them)
@@ -53,6 +61,8 @@ def _add_train_parser(sub) -> None:
         "lr": "learning rate of the hidden matrices (AdamW: of all parameters); default "
               + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()),
         "adamw_lr": "Symo / Muon: AdamW rate for embeddings, LayerNorm gains and biases",
+        "weight_decay": "decoupled weight decay of the hidden matrices (AdamW: of all parameters); default "
+                        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_WEIGHT_DECAY.items()),
         "precondition_frequency": "Symo with a --preset that keeps factors (published, notebook, shampoo, eigen_adam, "
                                   "soap, soap_heavyball, then_orthogonalize, soap_muon): refresh them every N "
                                   "steps",

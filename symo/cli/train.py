@@ -148,9 +148,10 @@ class ConsoleReport(TrainObserver):
     def started(self, run: RunStart) -> None:
         cfg = run.config
         self.run_dir = run.run_dir
-        symo = f"{f'preset {cfg.preset}' if cfg.preset else 'defaults'}, lr {cfg.lr:g}, spec {cfg.spec}" + "".join(
+        rates = f"lr {cfg.lr:g}, weight decay {cfg.weight_decay:g}"
+        symo = f"{f'preset {cfg.preset}' if cfg.preset else 'defaults'}, {rates}, spec {cfg.spec}" + "".join(
             f", {k} {v}" for k, v in cfg.symo_options.items())
-        print(f"symo train: {cfg.optimizer} ({symo if cfg.optimizer == 'symo' else f'lr {cfg.lr:g}'}), "
+        print(f"symo train: {cfg.optimizer} ({symo if cfg.optimizer == 'symo' else rates}), "
               f"GPT {cfg.n_layer}x{cfg.n_embd} ({cfg.n_head} heads, {run.n_params / 1e6:.2f}M parameters), "
               f"{run.data_name} ({run.n_chars:,} chars, vocabulary {run.vocab_size}), batch {cfg.batch_size}x"
               f"{cfg.block_size}, {run.world} process(es) on {cfg.device}\nrun folder: {run.run_dir}"

@@ -15,6 +15,11 @@ OPTIMIZERS = ("symo", "muon", "adamw")
 # Learning rates of the covered (hidden-matrix) parameters; tuned on the comparison benchmark
 # (benchmarks/results/nanogpt_compare.md). Muon and Symo use Muon's scale (update_scale="muon").
 DEFAULT_LR = {"symo": 0.02, "muon": 0.02, "adamw": 4e-3}
+# Decoupled weight decay of the hidden matrices (AdamW: of every parameter). The nanoGPT campaign's tuned choice from
+# {0, 0.05, 0.1}: 0.05 for Muon at both data-to-model ratios and for SOAP-Muon on gpt_muon_qkv at 2x Chinchilla (at
+# 0.26x 0.1, with 0.05 still ahead of 0); for AdamW 0 at 2x (0.05 at 0.26x). On the default 500-step job it changes
+# the final loss by about 0.001 (benchmarks/results/nanogpt_matrix.md; docs/training.md)
+DEFAULT_WEIGHT_DECAY = {"symo": 0.05, "muon": 0.05, "adamw": 0.0}
 # Symo's step when no --preset is given: SOAP-Muon beats tuned Muon outside the paired interval over six seeds
 # at both of the nanoGPT campaign's data-to-model ratios (benchmarks/results/soap_seeds.md)
 DEFAULT_PRESET = "soap_muon"
@@ -52,7 +57,7 @@ class TrainConfig:
     symo_options: dict[str, Any] = field(default_factory=dict)  # Symo options by name, over the preset's
     lr: float | None = None            # hidden matrices; default DEFAULT_LR[optimizer]
     adamw_lr: float = 3e-3             # embeddings, gains, biases (Symo / Muon); AdamW uses lr everywhere
-    weight_decay: float = 0.0
+    weight_decay: float | None = None  # hidden matrices (AdamW: all); default DEFAULT_WEIGHT_DECAY[optimizer]
     warmup: int = 20                   # linear warm-up steps, then cosine to min_lr_ratio * lr
     min_lr_ratio: float = 0.1
     batch_size: int = 16               # global batch (split over processes)
@@ -97,6 +102,8 @@ class TrainConfig:
             default_lr = DEFAULT_LR[self.optimizer]
         if self.lr is None:
             self.lr = default_lr
+        if self.weight_decay is None:
+            self.weight_decay = DEFAULT_WEIGHT_DECAY[self.optimizer]
 
 
 # torch.manual_seed's range (a larger --seed fails inside torch with "Overflow when unpacking long")
