@@ -10,8 +10,7 @@ import torch
 from cases import tiny
 
 import symo.cli
-from symo.train import build_optimizer
-from symo.train.config import DEFAULT_WEIGHT_DECAY, TrainConfig
+from symo.train import DEFAULT_WEIGHT_DECAY, TrainConfig, build_optimizer
 from symo.train.models import GPT, GPTConfig
 
 

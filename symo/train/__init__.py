@@ -16,7 +16,8 @@ from typing import Any
 
 # name -> module of this package that defines it
 _LAZY = {
-    "DEFAULT_LR": ".config", "OPTIMIZERS": ".config", "RESUME_KEYS": ".config", "TrainConfig": ".config",
+    "DEFAULT_LR": ".config", "DEFAULT_WEIGHT_DECAY": ".config", "OPTIMIZERS": ".config", "RESUME_KEYS": ".config",
+    "TrainConfig": ".config",
     "RunStart": ".events", "StepReport": ".events", "TrainInterrupted": ".events", "TrainObserver": ".events",
     "build_optimizer": ".optimizers", "evaluate": ".loop", "lr_factor": ".loop", "sample": ".loop",
     "saved_options": ".loop", "train": ".loop",
