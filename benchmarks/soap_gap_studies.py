@@ -29,7 +29,8 @@ seed by seed:
 - `decay_soap_muon` and `decay_heavyball`: a decay past the campaign's grid. At 0.26x Chinchilla SOAP-Muon on
   gpt_muon_qkv and heavyball's SOAP both chose 0.1, the largest of {0, 0.05, 0.1}, where Muon's choice (0.05) is
   inside it; the campaign extends a rate grid at its edge but not the decay's. Each runs its arm at 0.2 beside 0.1
-  (heavyball's SOAP as the campaign builds it).
+  (heavyball's SOAP as the campaign builds it); SOAP-Muon also at 0.05, the decay `symo train` defaults to
+  (SOAP-Muon's tuned choice at 2x Chinchilla), for the default step's three-seed figure here.
 - `qkv_polar_sides`: what two of SOAP-Muon's details are worth on gpt_muon_qkv. Its polar factor is exact (Symo's
   Auto takes it by eigh for sides up to 128, all of this model's), where the Muon arm runs Muon's quintic
   Newton-Schulz, whose map sends singular values above about 0.3% of the matrix's Frobenius norm to between 0.68 and
@@ -165,10 +166,13 @@ STUDIES: dict[str, Study] = {
     # the decay grid's edge: at 0.26x Chinchilla SOAP-Muon on gpt_muon_qkv and heavyball's SOAP both chose 0.1, the
     # largest decay of the campaign's grid {0, 0.05, 0.1} (SOAP-Muon's seed-0 losses fall across it: 1.5222, 1.5184,
     # 1.5067), while Muon's choice, 0.05, is inside; the campaign extends a rate grid at its edge, not the decay's
-    "decay_soap_muon": Study("SOAP-Muon on gpt_muon_qkv: a decay past the grid's edge", 0.02, 0.1, {
+    # with the decay symo train defaults to (0.05, its tuned choice at 2x Chinchilla): the default step's figure here
+    "decay_soap_muon": Study("SOAP-Muon on gpt_muon_qkv: a decay past the grid's edge, and symo train's default decay",
+                             0.02, 0.1, {
         "soap_muon_qkv": ("SOAP-Muon, gpt_muon_qkv, decay 0.1 (its tuned, the grid's largest)", None, SOAP_MUON),
         "soap_muon_qkv_wd_0.2": ("SOAP-Muon, gpt_muon_qkv, decay 0.2", None, SOAP_MUON),
-    }, spec="gpt_muon_qkv", wds={"soap_muon_qkv_wd_0.2": 0.2}),
+        "soap_muon_qkv_wd_0.05": ("SOAP-Muon, gpt_muon_qkv, decay 0.05 (symo train's default)", None, SOAP_MUON),
+    }, spec="gpt_muon_qkv", wds={"soap_muon_qkv_wd_0.2": 0.2, "soap_muon_qkv_wd_0.05": 0.05}),
     "decay_heavyball": Study("heavyball's SOAP: a decay past the grid's edge", 6e-3, 0.1, {
         "heavyball_soap": ("SOAP (heavyball), decay 0.1 (its tuned, the grid's largest)", "soap", None),
         "heavyball_soap_wd_0.2": ("SOAP (heavyball), decay 0.2", "soap", None),
