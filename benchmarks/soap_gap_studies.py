@@ -30,7 +30,7 @@ seed by seed:
   gpt_muon_qkv and heavyball's SOAP both chose 0.1, the largest of {0, 0.05, 0.1}, where Muon's choice (0.05) is
   inside it; the campaign extends a rate grid at its edge but not the decay's. Each runs its arm at 0.2 beside 0.1
   (heavyball's SOAP as the campaign builds it); SOAP-Muon also at 0.05, the decay `symo train` defaults to
-  (SOAP-Muon's tuned choice at 2x Chinchilla), for the default step's three-seed figure here.
+  (SOAP-Muon's tuned choice at 2x Chinchilla), for the default step's figure here, with seeds 3-5 too.
 - `qkv_polar_sides`: what two of SOAP-Muon's details are worth on gpt_muon_qkv. Its polar factor is exact (Symo's
   Auto takes it by eigh for sides up to 128, all of this model's), where the Muon arm runs Muon's quintic
   Newton-Schulz, whose map sends singular values above about 0.3% of the matrix's Frobenius norm to between 0.68 and
@@ -80,8 +80,8 @@ REGIME, SEEDS = "reference", (0, 1, 2)
 # its base's (from there too where the base is a campaign arm): the 0.85x goal is about figures that move by 0.1x
 # between three-seed subsets
 SIX_SEEDS, EXTRA_SEEDS = {"soap_muon": "soap_muon_neuron_norm", "qkv": "soap_muon_qkv",
-                           "qkv_polar_sides": "soap_muon_qkv_one_sided", "qkv_rotation": "soap_muon_qkv_unrotated"
-                           }, (3, 4, 5)
+                           "qkv_polar_sides": "soap_muon_qkv_one_sided", "qkv_rotation": "soap_muon_qkv_unrotated",
+                           "decay_soap_muon": "soap_muon_qkv_wd_0.05"}, (3, 4, 5)
 
 
 def six_seeded(study_name: str, variant: str) -> bool:

@@ -20,12 +20,13 @@ SOAP = STUDIES["soap"]
 def test_campaign_runs_are_reused_and_the_others_carry_their_own_configuration(tmp_path) -> None:
     campaign = RunCache(tmp_path / "campaign.json")
     planned = jobs(campaign)  # an empty campaign: every run is new, each with its variant's options
-    # seeds 3-5 for each study's six-seed variant, and for a base that is no campaign arm (qkv_polar_sides' and
-    # qkv_rotation's base is the qkv study's six-seed variant: the same runs)
+    # seeds 3-5 for each study's six-seed variant, and for a base that is no campaign arm (qkv_polar_sides',
+    # qkv_rotation's and decay_soap_muon's base is the qkv study's six-seed variant: the same runs)
     six = {(job["study"], job["variant"]) for job in planned if job["seed"] in EXTRA_SEEDS}
     assert six == {("soap_muon", "soap_muon_neuron_norm"), ("qkv", "soap_muon_qkv"),
                    ("qkv_polar_sides", "soap_muon_qkv"), ("qkv_polar_sides", "soap_muon_qkv_one_sided"),
-                   ("qkv_rotation", "soap_muon_qkv"), ("qkv_rotation", "soap_muon_qkv_unrotated")}
+                   ("qkv_rotation", "soap_muon_qkv"), ("qkv_rotation", "soap_muon_qkv_unrotated"),
+                   ("decay_soap_muon", "soap_muon_qkv"), ("decay_soap_muon", "soap_muon_qkv_wd_0.05")}
     assert len(planned) == (sum(len(study.variants) for study in STUDIES.values()) * len(SEEDS)
                             + len(six) * len(EXTRA_SEEDS))
     # a variant with options runs them; one without is its campaign arm itself, at the variant's decay
