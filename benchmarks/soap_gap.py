@@ -3,7 +3,7 @@
 The studies and why each was run: benchmarks/soap_gap_studies.py. This module runs them beside the campaign and
 reports them.
 
-    python -m benchmarks.soap_gap              # 89 runs of 6-10 minutes on 2 workers (about 7 h)
+    python -m benchmarks.soap_gap              # 98 runs of 6-10 minutes on 2 workers (about 8 h)
     python -m benchmarks.soap_gap --report     # train nothing: the report of what the run cache holds
 
 Runs the campaign already made (the soap and soap_muon studies' bases, `soap_heavyball`'s seed 0, heavyball's SOAP
