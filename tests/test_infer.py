@@ -98,6 +98,79 @@ def test_muon_relaxation_is_the_bundled_muon_spec():
         sorted(symo.compile("gpt_muon", model, disk_cache=False).param_names)
 
 
+def test_muon_pieces_relaxation_is_the_bundled_qkv_spec():
+    """c_attn is split into query, key and value in the trace: the relaxation with pieces gives each its own
+    block, as the hand-written gpt_muon_qkv does (symo train's default spec), and the same steps follow."""
+    model = tiny_gpt()
+    result = infer(model, relax="muon_pieces")
+    assert all(s.status in ("relaxed", "identity") for s in result.spaces)
+    assert [s.size for s in result.spaces if s.group == "identity"] == [3, 3]  # one piece count per layer
+    assert_covers(load_spec("gpt_muon_qkv"), result.spec, model,
+                  same_group=["qkv0", "attn0", "aproj0", "fc0", "mproj0"])
+    inferred = symo.compile(result.spec, model, disk_cache=False)
+    hand = symo.compile("gpt_muon_qkv", model, disk_cache=False)
+    assert sorted(inferred.param_names) == sorted(hand.param_names)
+    assert sorted((b.batch, b.mult, b.width) for b in inferred.blocks) == \
+        sorted((b.batch, b.mult, b.width) for b in hand.blocks)
+    weights = []
+    for spec in (result.spec, "gpt_muon_qkv"):
+        twin = tiny_gpt()
+        opt = symo.Symo(twin, spec, preset="soap_muon", lr=0.02)
+        for step in range(3):
+            twin.zero_grad()
+            torch.manual_seed(step)
+            twin(torch.randint(0, 11, (2, 8)))[0].pow(2).mean().backward()
+            opt.step()
+        weights.append(twin.transformer.h[0].attn.c_attn.weight.detach().clone())
+    assert not torch.equal(weights[0], tiny_gpt().transformer.h[0].attn.c_attn.weight.detach())
+    torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=1e-6)
+
+
+class FusedGatedMLP(nn.Module):
+    """A gated MLP with its gate and up projections in one Linear, and grouped-query attention's uneven q, k, v:
+    fused matrices whose pieces are equal (gate, up) and unequal (q 16 rows, k and v 8 each)."""
+
+    def __init__(self, d: int = 16, hidden: int = 24):
+        super().__init__()
+        self.embed = nn.Embedding(11, d)
+        self.qkv = nn.Linear(d, 32, bias=False)
+        self.o = nn.Linear(16, d, bias=False)
+        self.gate_up = nn.Linear(d, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+        self.head = nn.Linear(d, 11, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split([16, 8, 8], dim=-1)
+        q = q.view(b, t, 2, 8).transpose(1, 2)  # two query heads share one key and value head
+        scores = (q @ k.unsqueeze(1).transpose(-1, -2)).softmax(-1)
+        x = x + self.o((scores @ v.unsqueeze(1)).transpose(1, 2).reshape(b, t, 16))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.head(x + self.down(F.silu(gate) * up))
+
+
+def test_muon_pieces_relaxation_splits_fused_matrices_into_their_pieces():
+    model = FusedGatedMLP()
+    ids = torch.randint(0, 11, (2, 5))
+    whole = symo.compile(infer(model, ids, relax="muon").spec, model, disk_cache=False)
+    assert sorted((b.params[0], b.batch, b.mult, b.width) for b in whole.blocks) == [
+        ("down.weight", 1, 24, 16), ("gate_up.weight", 1, 16, 48), ("o.weight", 1, 16, 16), ("qkv.weight", 1, 16, 32)]
+    spec = infer(model, ids, relax="muon_pieces").spec
+    compiled = symo.compile(spec, model, disk_cache=False)
+    shapes = {}
+    for b in compiled.blocks:
+        (name,) = b.params
+        shapes.setdefault(name, []).append((b.batch, b.mult, b.width))
+    # every piece a block of its own: its rows (mult) x the matrix's input width
+    assert sorted(shapes["gate_up.weight"]) == [(2, 16, 24)]
+    assert sorted(shapes["qkv.weight"]) == [(1, 16, 8), (1, 16, 8), (1, 16, 16)]
+    assert shapes["o.weight"] == [(1, 16, 16)] and shapes["down.weight"] == [(1, 24, 16)]
+    text = spec.to_toml()
+    assert '"gate_up_pieces" = { group = "identity", size = 2 }' in text
+    assert "piece1" in text and "piece3" in text
+
+
 def test_hugging_face_gpt2_conv1d_layout():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -249,8 +322,22 @@ def test_cli_infer_writes_a_spec_and_check_reads_it(tmp_path, capsys):
     assert "0 true, 2 relaxed" in capsys.readouterr().out
 
 
+def test_cli_infer_muon_pieces_writes_the_bundled_qkv_spec(tmp_path, capsys):
+    from symo.cli import main
+
+    out = tmp_path / "gpt_pieces.toml"
+    assert main(["infer", "--model", "symo.train.models:gpt_small", "--relax", "muon_pieces", "-o", str(out)]) == 0
+    assert "use: training. This is the Muon-style relaxation with each piece of a fused matrix" in \
+        capsys.readouterr().out
+    model = symo.train.models.gpt_small()
+    pieces = symo.compile(load_spec(out), model, disk_cache=False)
+    hand = symo.compile("gpt_muon_qkv", model, disk_cache=False)
+    assert sorted((b.params, b.batch, b.mult, b.width) for b in pieces.blocks) == \
+        sorted((b.params, b.batch, b.mult, b.width) for b in hand.blocks)
+
+
 def test_bad_arguments_say_what_to_do():
-    with pytest.raises(ValueError, match="relax"):
+    with pytest.raises(ValueError, match="relax must be None or one of \\['muon', 'muon_pieces'\\]"):
         infer(MLP(), relax="adam")
     with pytest.raises(TypeError, match="example_inputs"):
         infer(MLP(), example_inputs=3.0)

@@ -185,7 +185,9 @@ def _add_infer_parser(sub) -> None:
     c = sub.add_parser("infer", help="infer a model's symmetry spec, verify it, and print the compile report")
     c.add_argument("--model", required=True, help="module:factory returning an nn.Module")
     c.add_argument("--heads", type=int, default=None, help="head count where the graph does not show the split")
-    c.add_argument("--relax", choices=["muon"], default=None, help="the Muon-style relaxation instead")
+    c.add_argument("--relax", choices=["muon", "muon_pieces"], default=None,
+                   help="the Muon-style relaxation instead (muon_pieces: each piece of a fused matrix, such as "
+                        "c_attn's query, key and value, a matrix of its own)")
     c.add_argument("-o", "--output", default=None, help="write the spec here (default: print it)")
     c.add_argument("--no-verify", action="store_true", help="skip the numeric check (not recommended)")
     c.add_argument("--each", action="store_true", help="measure each family of spaces, not only all at once")

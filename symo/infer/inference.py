@@ -24,8 +24,9 @@ from torch import nn
 from ..compiler import BoundSpec, Spec, SpecError, bind, load_spec, shapes_of
 from ..runtime.text import fit_lines, summarize_names
 from .handlers import new_tracer
-from .layout import Dropped, Layout, Space, build_layout, is_free
+from .layout import Dropped, Layout, build_layout
 from .names import _join, build_spec, name_spaces
+from .relax import RELAXATIONS, muon_layout
 from .trace import TraceResult, _tensors
 from .uses import usage_line
 from .verify import OutputCheck
@@ -74,13 +75,14 @@ class Inference:
                  f"{self.total_params:,} parameters covered ({share:.1f}%)",
                  fit_lines([usage_line(self.extra.get("relax"))])]
         width = max([len(s.name) for s in self.spaces] + [5])
+        group_width = max([len(s.group) + (len(f" per {s.per}") if s.per else 0) for s in self.spaces] + [28])
         for s in self.spaces:
             per = f" per {s.per}" if s.per else ""
             jointly = self.extra.get("checked_jointly")
             change = "" if s.rel_change is None or jointly else f"  rel. change {s.rel_change:.1e}"
             narrowed = f" (graph allowed {s.inferred})" if s.status == "narrowed" else ""
-            lines.append(f"  {s.name:<{width}} {s.group + per:<28} n={s.size:<6} {s.status}{narrowed}{change}"
-                         f"  [{s.why}]")
+            lines.append(f"  {s.name:<{width}} {s.group + per:<{group_width}} n={s.size:<6} {s.status}{narrowed}"
+                         f"{change}  [{s.why}]")
         if self.joint_rel_change is not None:
             verdict = "true" if self.joint_rel_change <= self.tolerance else "NOT true"
             lines.append(f"all spaces at once: rel. change {self.joint_rel_change:.1e} ({verdict}; tolerance "
@@ -184,8 +186,8 @@ def infer(model: nn.Module, example_inputs: Any = None, *, heads: int | None = N
 
     `each=True` measures every family of spaces separately even when the joint check passes (slower; the
     report then gives each family's own relative change)."""
-    if relax not in (None, "muon"):
-        raise ValueError(f"relax must be None or 'muon', got {relax!r}")
+    if relax is not None and relax not in RELAXATIONS:
+        raise ValueError(f"relax must be None or one of {list(RELAXATIONS)}, got {relax!r}")
     t0 = time.perf_counter()
     args, kwargs = default_example_inputs(model) if example_inputs is None else normalize_inputs(example_inputs)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
@@ -196,8 +198,8 @@ def infer(model: nn.Module, example_inputs: Any = None, *, heads: int | None = N
     inferred = {sid: s.group for sid, s in layout.spaces.items()}
     results: dict[int, tuple[str, float | None]] = {}
     check = None
-    if relax == "muon":
-        layout = _muon_layout(layout)
+    if relax is not None:
+        layout = muon_layout(layout, pieces=relax == "muon_pieces")
         inferred = {sid: s.group for sid, s in layout.spaces.items()}
         results = {sid: ("relaxed", None) for sid in layout.spaces}
     elif verify and layout.spaces:
@@ -246,7 +248,8 @@ def infer_spec(model: nn.Module, example_inputs: Any = None, *, heads: int | Non
     - `example_inputs`: a tensor, a tuple of positional inputs, a dict of keyword inputs, or (args, kwargs);
       None guesses them (token ids for a model with an embedding, a random batch otherwise).
     - `heads`: the head count for attention whose head split the graph does not show.
-    - `relax="muon"`: the Muon-style relaxation instead (a private signed_perm row space per hidden matrix).
+    - `relax="muon"`: the Muon-style relaxation instead (a private signed_perm row space per hidden matrix);
+      `relax="muon_pieces"`: the same with each piece of a fused matrix (c_attn's q, k, v) a matrix of its own.
 
     Every space is verified in float64 with random group elements; one that fails is narrowed
     (orthogonal -> signed_perm -> perm) or dropped. `symo.infer` returns the report as well.
@@ -341,24 +344,6 @@ def _verify(layout: Layout, check: OutputCheck, trials: int, tol: float, seed: i
                 layout.spaces[sid].group = group
             results[sid] = ("true" if group == first else "narrowed", rel)
     return results
-
-
-def _muon_layout(layout: Layout) -> Layout:
-    """Muon's relaxation: every hidden matrix (a weight whose output and input axes are both hidden)
-    gets a private signed_perm space on its output axis; everything else is uncovered (AdamW)."""
-    out = Layout({}, {}, dict(layout.shapes), [], list(layout.unknown), list(layout.notes), dict(layout.out_axis))
-    for name, axes in layout.axes.items():
-        shape = layout.shapes[name]
-        if len(shape) < 2 or name not in layout.out_axis:
-            continue
-        o = layout.out_axis[name]
-        hidden = [any(not is_free(x) for seg in axis for x in seg) for axis in axes]
-        if not hidden[o] or not any(h for i, h in enumerate(hidden[:2]) if i != o):
-            continue
-        sid = len(out.spaces) + 1
-        out.spaces[sid] = Space(sid, shape[o], "signed_perm", "Muon: a private row space (relaxed)", params=[name])
-        out.axes[name] = [[((sid,),)[0]] if i == o else [(("_", n),)] for i, n in enumerate(shape)]
-    return out
 
 
 @dataclass

@@ -8,6 +8,7 @@ from collections import Counter
 
 from ..compiler import ParamRule, SpaceDecl, Spec
 from .layout import Layout, is_free
+from .relax import PIECES_ROLE, piece_role
 
 _CAPTURES = "ijklmn"
 
@@ -59,9 +60,9 @@ def name_spaces(layout: Layout) -> dict[int, tuple[str, tuple[str, ...]]]:
             else:
                 top = Counter(_module_parts(p)[0] if _module_parts(p) else "s" for p in params).most_common(1)
                 role = "res_" + top[0][0]
-        else:
-            role = None
-        out = [role] if role else []
+        else:  # a fused matrix's pieces (symo/infer/relax.py) are named after their module: c_attn_pieces
+            role = piece_role(s)
+        out = [role] if role and not piece_role(s) else []
         for k in range(1, len(parts) + 1):
             out.append("_".join(parts[-k:] + ([role] if role else [])))
         return out or ["s"]
@@ -94,6 +95,10 @@ def _valid(text: str) -> str:
 
 def _declare_size(layout: Layout, sid: int) -> bool:
     s = layout.spaces[sid]
+    if piece_role(s):  # a fused matrix's piece count, or an uneven piece's size, is the model's code
+        return True
+    if s.per is not None and PIECES_ROLE in layout.spaces[s.per].roles:
+        return False
     if s.per is not None or s.synthetic:
         return True
     owners = {x.per for x in layout.spaces.values() if x.per is not None}
