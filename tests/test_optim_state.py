@@ -49,8 +49,13 @@ def test_load_state_dict_names_the_saved_spec_and_widths():
     model = MLP(SIZES).double()
     other = trained(copy.deepcopy(model), MUON).state_dict()
     opt = trained(model)
-    with pytest.raises(ValueError, match="saved for spec 'Muon \\(per-matrix rows\\)'"):
+    with pytest.raises(ValueError, match="saved for spec 'Muon \\(per-matrix rows\\)' \\(or another parameter"):
         opt.load_state_dict(other)
+    edited = copy.deepcopy(other)
+    edited["symo"]["spec"] = opt.compiled.name  # the same name, another structure: the file was edited
+    with pytest.raises(ValueError, match="the same name, but its spaces, rules or sizes differ: the spec file was "
+                                         "edited"):
+        opt.load_state_dict(edited)
     state = opt.state_dict()
     state["symo"]["sizes"][0]["n_h1"] = 9
     with pytest.raises(ValueError, match=r"other widths; \(saved, now\): \{'n_h1': \(9, 8\)\}"):

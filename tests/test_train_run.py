@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from cases import make_text, tiny
+from symo.compiler.parse import bundled_specs
 
 from symo import cli
 from symo.train import TrainConfig, lr_factor, train
@@ -104,6 +106,32 @@ def test_resume_by_run_folder_alone_is_bit_identical(tmp_path, capsys, monkeypat
                            torch.tensor(blob["history"][key]).nan_to_num(-1)), key
     assert cli.main(["train", "--resume", str(run), "--out-dir", str(tmp_path / "a")]) == 2
     assert "name different run folders" in capsys.readouterr().err
+
+
+def test_a_spec_file_given_by_a_relative_path_resumes_from_another_folder(tmp_path, capsys, monkeypatch):
+    """The checkpoint records a spec file by its absolute path: `--resume RUN_DIR` reads the same file from any
+    folder, and the same relative path given again from the first folder is the same spec, not a conflict."""
+    started = tmp_path / "started_here"
+    started.mkdir()
+    shutil.copy(bundled_specs()["gpt_muon"], started / "my_gpt.toml")
+    monkeypatch.chdir(started)
+
+    def interrupt(step, row):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    for run in ("a", "b"):
+        with pytest.raises(KeyboardInterrupt):
+            train(tiny(tmp_path, out_dir=str(tmp_path / run), spec="my_gpt.toml", steps=4), callback=interrupt)
+    assert cli.main(["train", "--resume", str(tmp_path / "a"), "--spec", "my_gpt.toml"]) == 0
+    assert "resumed at step 2 of 4" in capsys.readouterr().out
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert cli.main(["train", "--resume", str(tmp_path / "b")]) == 0
+    assert "resumed at step 2 of 4" in capsys.readouterr().out
+    for run in ("a", "b"):
+        assert torch.load(tmp_path / run / "ckpt.pt", weights_only=True)["step"] == 4
 
 
 def test_ctrl_c_in_symo_train_stops_after_the_step_with_a_checkpoint(tmp_path, capsys, monkeypatch):

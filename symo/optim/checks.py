@@ -208,8 +208,11 @@ def check_state_dict(state_dict: object, stages: list[Stage], param_groups: list
     if meta is not None:
         mine = [st.compiled for st in stages]
         if list(meta.get("keys", [])) != [c.key for c in mine]:
-            raise ValueError(f"load_state_dict: the checkpoint was saved for spec {meta.get('spec')!r} (or another "
-                             f"parameter layout); this optimizer uses spec {mine[0].name!r}")
+            why = ("the same name, but its spaces, rules or sizes differ: the spec file was edited, or the "
+                   "parameters are others" if meta.get("spec") == mine[0].name else "or another parameter layout")
+            raise ValueError(f"load_state_dict: the checkpoint was saved for spec {meta.get('spec')!r} ({why}); "
+                             f"this optimizer uses spec {mine[0].name!r}. Load it with the spec and model it was "
+                             "saved with, or start the optimizer afresh")
         for saved, c in zip(meta.get("sizes", []), mine):
             diff = {k: (v, c.sizes.get(k)) for k, v in saved.items() if c.sizes.get(k) != v}
             if diff:

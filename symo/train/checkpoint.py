@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from .config import spec_reference
+
 FORMAT = "symo-train-1"
 # What every checkpoint of symo train holds besides its format and settings (a resume reads each).
 REQUIRED = ("model", "optimizer", "step", "history", "base_lrs")
@@ -99,6 +101,8 @@ def load_checkpoint(path: str | Path, expected: Mapping[str, Any], map_location:
                               "was left as it is; start a new run with another --out-dir")
     saved = blob.get("settings", {})
     saved = {k: saved.get(k, NEWER_SETTINGS.get(k, "<missing>")) for k in expected}
+    if "spec" in saved:  # a run started before spec files were recorded by absolute path: this folder's file
+        saved["spec"] = spec_reference(saved["spec"])
     diff = {k: (saved[k], v) for k, v in expected.items() if saved[k] != v}
     if diff:
         lines = ", ".join(f"{_flag(k)}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))

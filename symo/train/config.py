@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,13 @@ MAX_LR = 100.0
 SYMO_ONLY = ("spec", "partial", "preset", "ns_method", "precondition_frequency", "symo_options")
 # The presets whose preconditioner refreshes stored factors: --precondition-frequency sets how often
 REFRESHING = "--preset " + ", ".join(name for name, p in PRESETS.items() if "precondition_frequency" in p.values)
+
+
+def spec_reference(spec: str) -> str:
+    """How a run records its spec: a spec file as its absolute path, so that `--resume RUN_DIR` from another
+    folder reads the same file (an existing file wins over a bundled name, as in `load_spec`); a bundled
+    spec's name as it is."""
+    return os.path.abspath(spec) if isinstance(spec, str) and os.path.isfile(spec) else spec
 
 
 def check_values(options: Mapping[str, Any]) -> None:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ..runtime.compiled import NonFiniteGradientError
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig
+from .config import DEFAULT_LR, OPTIMIZERS, RESUME_KEYS, TrainConfig, spec_reference
 from .cost import measure_step_cost
 from .data import Corpus, _mix, load_corpus
 from .events import RunStart, StepReport, TrainInterrupted, TrainObserver
@@ -63,6 +63,7 @@ def _options(cfg: TrainConfig) -> dict[str, Any]:
     for key in ("data", "cache_dir"):
         if options[key] is not None:
             options[key] = os.path.abspath(options[key])
+    options["spec"] = spec_reference(options["spec"])
     return {k: v for k, v in options.items() if k not in ("resume", "out_dir")}
 
 
@@ -80,7 +81,7 @@ def saved_options(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _settings(cfg: TrainConfig, corpus: Corpus) -> dict[str, Any]:
-    values = dataclasses.asdict(cfg) | {"data": corpus.name, "vocab": corpus.chars}
+    values = dataclasses.asdict(cfg) | {"data": corpus.name, "vocab": corpus.chars, "spec": spec_reference(cfg.spec)}
     return {k: values[k] for k in RESUME_KEYS}
 
 
