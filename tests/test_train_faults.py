@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import io
+import math
 import os
 import signal
 import subprocess
@@ -175,6 +176,18 @@ def test_a_step_too_large_for_the_machine_is_refused_with_its_estimate(tmp_path:
         train(cfg)
     assert "more than this machine's" in str(err.value)
     assert not Path(cfg.out_dir).exists()  # refused before the run folder is made
+
+
+def test_a_spec_declaring_other_head_widths_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    """gpt.toml declares heads of 64; the run's are n_embd / n_head: another width is refused before the run
+    folder is made, and the width it declares trains."""
+    cfg = tiny(tmp_path, optimizer="symo", spec="gpt", n_embd=128, n_head=4)
+    with pytest.raises(ValueError, match=r"--spec gpt: its per-head bases 'dqk\{i\}' \(64\), 'dvo\{i\}' \(64\) are "
+                                         r"declared at another width than this run's heads, 32 \(--n-embd 128 / "
+                                         r"--n-head 4\).*--spec gpt_true.* or --n-head 2"):
+        train(cfg)
+    assert not Path(cfg.out_dir).exists()
+    assert math.isfinite(train(tiny(tmp_path, optimizer="symo", spec="gpt", n_embd=128, n_head=2))["final_val"])
 
 
 def test_train_header_names_the_preset_and_resume_refuses_ignored_options(tmp_path: Path,

@@ -50,8 +50,8 @@ def _add_train_parser(sub) -> None:
         "data": "UTF-8 text file (default: the bundled Shakespeare plays)",
         "out_dir": "run folder for log.csv, loss.png, ckpt.pt (default runs/<data>-<optimizer>-<time>)",
         "optimizer": f"one of {', '.join(OPTIMIZERS)}",
-        "spec": "Symo's spec: bundled name (gpt_muon_qkv, gpt_muon, gpt_true, gpt) or a .toml path; default "
-                "gpt_muon_qkv (Muon-style, with c_attn's query, key and value as three blocks)",
+        "spec": "Symo's spec: bundled name (gpt_muon_qkv, gpt_muon, gpt_true, gpt: heads of 64) or a .toml path; "
+                "default gpt_muon_qkv (Muon-style, with c_attn's query, key and value as three blocks)",
         "partial": "drop the spec's rules that match no parameter of the model, instead of an error",
         "preset": "Symo's preset: published (the published step), notebook (the early "
                   "notebooks' averaged S^-1/2, no momentum), muon, shampoo, eigen_adam (one-sided SOAP), soap "

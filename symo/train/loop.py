@@ -36,7 +36,7 @@ from .data import Corpus, _mix, load_corpus
 from .events import RunStart, StepReport, TrainInterrupted, TrainObserver
 from .memory import check_step_fits
 from .models import GPT, GPTConfig
-from .optimizers import build_optimizer, check_symo_options
+from .optimizers import build_optimizer, check_head_sizes, check_symo_options
 from .parallel import gather_states, load_states, shard, sharded, wrap
 from .rundir import claim_run_folder
 from .runlog import write_csv, write_plot
@@ -153,6 +153,7 @@ def _train(cfg: TrainConfig, callback: Callable[[int, dict[str, float]], None] |
     """
     _check_device(cfg.device)
     check_symo_options(cfg)
+    check_head_sizes(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rank, world = _distributed(cfg.device)

@@ -17,7 +17,7 @@ from .models import GPT
 from .muon import Muon
 from .parallel import distributed_mode
 
-__all__ = ["build_optimizer", "check_symo_options", "head_basis_sizes", "symo_overrides"]
+__all__ = ["build_optimizer", "check_head_sizes", "check_symo_options", "head_basis_sizes", "symo_overrides"]
 
 
 def head_basis_sizes(spec: Spec, d_head: int) -> dict[str, int] | None:
@@ -26,6 +26,26 @@ def head_basis_sizes(spec: Spec, d_head: int) -> dict[str, int] | None:
     (gpt_muon_qkv's rows of query, key and value) is left to the shapes."""
     free = {s.name for s in spec.spaces if s.size is None}
     return {s.name: d_head for s in spec.spaces if s.per in free and s.size is None} or None
+
+
+def check_head_sizes(cfg: TrainConfig) -> None:
+    """A spec whose per-head bases are declared at a width other than this run's heads is refused before anything
+    is built (ValueError naming the spaces and the fix): its "heads" would each span parts of several of the
+    model's, whose gauges are then not symmetries, with no other sign of it."""
+    if cfg.optimizer != "symo":
+        return
+    spec = load_spec(cfg.spec)
+    free = {s.name for s in spec.spaces if s.size is None}
+    d_head = cfg.n_embd // cfg.n_head
+    wrong = {s.name: s.size for s in spec.spaces if s.per in free and s.size is not None and s.size != d_head}
+    if wrong:
+        names = ", ".join(f"{name!r} ({size})" for name, size in wrong.items())
+        width = next(iter(wrong.values()))
+        heads = f" or --n-head {cfg.n_embd // width}" if cfg.n_embd % width == 0 else ""
+        raise ValueError(f"--spec {cfg.spec}: its per-head bases {names} are declared at another width than this "
+                         f"run's heads, {d_head} (--n-embd {cfg.n_embd} / --n-head {cfg.n_head}), so each of its "
+                         "heads would span parts of several of the model's. Use --spec gpt_true (per-head gauges "
+                         f"sized from the model){heads}, or a copy of the spec with size = {d_head}")
 
 
 def build_optimizer(model: GPT, cfg: TrainConfig, world: int = 1) -> torch.optim.Optimizer:
