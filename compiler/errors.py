@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 MAX_NAME = 80  # a name longer than this is shortened in messages, so an error stays readable
@@ -18,6 +19,12 @@ def few(names: Iterable[object], limit: int = 8) -> str:
     items = [short(str(n)) for n in names]
     shown = ", ".join(repr(n) for n in items[:limit])
     return f"[{shown}{f', ... {len(items) - limit} more' if len(items) > limit else ''}]"
+
+
+def did_you_mean(name: object, options: Iterable[str], cutoff: float = 0.75) -> str:
+    """' (did you mean 'x'?)' naming the option nearest to a misspelt `name`, or '' when none is near."""
+    close = difflib.get_close_matches(str(name), list(options), n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class SpecError(ValueError):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import SpecError, few, short
+from .errors import SpecError, did_you_mean, few, short
 
 GROUPS = ("identity", "perm", "signed_perm", "orthogonal")
 FREE = "_"
@@ -126,7 +126,8 @@ def _read_spec_bytes(path: Path) -> bytes:
         # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except OSError as exc:
-        raise SpecError(f"cannot read the spec file ({exc.strerror or exc})", file=short(str(path)),
+        near = did_you_mean(Path(path).stem, bundled_specs()) if len(Path(path).parts) == 1 else ""
+        raise SpecError(f"cannot read the spec file ({exc.strerror or exc}){near}", file=short(str(path)),
                         hint=f"check the path, or name a bundled spec: {names}") from exc
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
@@ -186,7 +187,8 @@ def parse_spec(text: str, source: str = "<string>") -> Spec:
                         hint="a spec nests at most a list of lists (a fused axis)") from None
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
-        raise SpecError(f"unknown top-level key(s) {few(unknown)}", file=source, key=short(unknown[0]),
+        raise SpecError(f"unknown top-level key(s) {few(unknown)}{did_you_mean(unknown[0], _TOP_KEYS)}", file=source,
+                        key=short(unknown[0]),
                         hint=f"allowed top-level keys are {sorted(_TOP_KEYS)}")
     name = data.get("name", Path(source).stem if source != "<string>" else "spec")
     if not isinstance(name, str) or not name.isprintable():
@@ -219,11 +221,12 @@ def _parse_spaces(table: object, source: str) -> tuple[SpaceDecl, ...]:
                             hint=f'{name} = {{ group = "perm" }}')
         extra = sorted(set(entry) - _SPACE_KEYS)
         if extra:
-            raise SpecError(f"unknown field(s) {few(extra)}", file=source, key=key,
-                            hint=f"a space takes only {sorted(_SPACE_KEYS)}")
+            raise SpecError(f"unknown field(s) {few(extra)}{did_you_mean(extra[0], _SPACE_KEYS)}", file=source,
+                            key=key, hint=f"a space takes only {sorted(_SPACE_KEYS)}")
         group = entry.get("group")
         if group not in GROUPS:
-            raise SpecError(f"unknown group {short(repr(group))}", file=source, key=f"{key}.group",
+            raise SpecError(f"unknown group {short(repr(group))}{did_you_mean(group, GROUPS)}", file=source,
+                            key=f"{key}.group",
                             hint=f"use one of {list(GROUPS)}")
         size = entry.get("size")
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):

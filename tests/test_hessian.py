@@ -8,6 +8,8 @@ built here with torch.kron and eigh, per-sample gradients from plain autograd, a
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -61,6 +63,17 @@ def test_hvp_matches_dense():
     v = {k: torch.randn(t.shape, generator=gen, dtype=torch.float64) for k, t in params.items()}
     hv = hessian.hvp(loss_fn, params, v)
     assert torch.allclose(flat(hv), h @ flat(v), atol=1e-12)
+
+
+def test_compare_of_an_estimate_that_keeps_its_graph_warns_nothing():
+    """An estimate whose products require grad (built from live parameters): the metrics are plain numbers, and
+    torch's "converting a tensor with requires_grad=True to a scalar" warning does not reach the user."""
+    _, _, _, params, loss_fn = tiny_problem(seed=5)
+    h = hessian.dense(loss_fn, params).requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = hessian.compare(hessian.DenseEstimate(h * 1.0, params), loss_fn, params, random_directions=2)
+    assert m["cos_neg_grad"] == pytest.approx(1.0, abs=1e-9)
 
 
 def test_compare_of_h_with_itself_is_one():

@@ -283,7 +283,7 @@ def test_checkpoint_format_names_each_stage():
         assert torch.equal(a, b)
 
 
-def test_strict_false_preconditions_a_subset_with_the_full_spec():
+def test_strict_false_preconditions_a_subset_with_the_full_spec(tmp_path: Path):
     """Fine-tuning part of a model: the whole model's spec, only fc3's parameters given. strict=True refuses
     (saying how to fix it); strict=False drops the absent parameters' entries and steps the rest; the default
     does the same with a warning."""
@@ -294,8 +294,15 @@ def test_strict_false_preconditions_a_subset_with_the_full_spec():
     subset = {n: p for n, p in model.named_parameters() if n.startswith("fc3")}
     with pytest.raises(SpecError, match="strict=False"):
         Symo(subset, tanh, strict=True)
-    with pytest.warns(UserWarning, match="matches no parameter given to Symo"):
+    with pytest.warns(UserWarning, match="mlp_tanh.toml: the spec's rule params.'fc1.weight' matches no parameter "
+                                         "given to Symo"):
         Symo(subset, tanh)
+    misspelt = tmp_path / "misspelt.toml"
+    misspelt.write_text(tanh.read_text().replace('"fc2.weight"', '"fc2.wieght"'))
+    with pytest.warns(UserWarning, match=r"misspelt.toml: the spec's rule params.'fc2.wieght' matches no parameter "
+                                         r"given to Symo \(check the name; parameters that look similar: "
+                                         r"\['fc2.weight'"):
+        Symo(model, misspelt)
     opt = Symo(subset, tanh, strict=False, lr=0.01)
     assert set(opt.compiled.param_names) <= set(subset) and opt.compiled.param_names
     before = model.fc3.weight.detach().clone()

@@ -118,6 +118,7 @@ def test_other_libraries_names_and_near_misses_are_told_what_symo_calls_them():
                       "SOAP kinds' second moment)",
              "shampoo_beta": "(SOAP's shampoo_beta is Symo's beta2, the EMA of the Kronecker statistics)",
              "merge_dims": "(Symo has no merge_dims: the spec decides which coordinates form a block)",
+             "learning_rate": "(the learning rate is Symo(..., lr=...))",
              "precondition_freq": "(did you mean 'precondition_frequency'?)", "weight_decy": "(did you mean "
              "'weight_decay'?)", "eps_placment": "(did you mean 'eps_placement'?)"}
     for name, hint in cases.items():
@@ -130,6 +131,16 @@ def test_other_libraries_names_and_near_misses_are_told_what_symo_calls_them():
                                                   "'eps_placement'?); its options are [")):
         configured(SymoConfig(preconditioner="then_orthogonalize", inner="eigen_adam").preconditioner,
                    {"eps_placment": "clamp"})
+
+
+def test_a_misspelt_preset_is_told_the_nearest():
+    named = list(MLP(SIZES).named_parameters())
+    for given, meant in (("soap-muon", "soap_muon"), ("Soap", "soap"), ("soap_muom", "soap_muon")):
+        with pytest.raises(ValueError, match=f"^unknown preset '{given}' \\(did you mean '{meant}'\\?\\); the "
+                                             "presets "):
+            Symo(named, MUON, preset=given)
+    with pytest.raises(ValueError, match="^unknown preset 'adam'; the presets are"):
+        Symo(named, MUON, preset="adam")
 
 
 def test_group_option_messages_name_the_group_only_when_there_are_several():

@@ -193,3 +193,18 @@ def test_a_bundled_spec_that_does_not_fit_points_to_symo_infer(tmp_path: Path) -
         model.add_module(f"act{i}", torch.nn.Tanh())
     spec = symo.infer_spec(model, (torch.randn(2, 3),), relax="muon")
     assert symo.compile(spec, model, disk_cache=False).param_names == ["hidden.weight"]
+
+
+def test_misspelt_keys_groups_and_bundled_names_are_told_the_nearest() -> None:
+    cases = {'[spaces]\nh = { gruop = "perm" }\n': "key 'spaces.h': unknown field(s) ['gruop'] (did you mean 'group'?)",
+             '[spaces]\nh = { group = "prem" }\n': "unknown group 'prem' (did you mean 'perm'?)",
+             'nmae = "x"\n[spaces]\n': "unknown top-level key(s) ['nmae'] (did you mean 'name'?)"}
+    for text, message in cases.items():
+        with pytest.raises(compiler.SpecError) as err:
+            compiler.parse_spec(text)
+        assert message in str(err.value)
+    with pytest.raises(compiler.SpecError, match=r"cannot read the spec file .*\(did you mean 'gpt_muon_qkv'\?\)"):
+        compiler.load_spec("gpt_muon_qvk")
+    with pytest.raises(compiler.SpecError) as err:
+        compiler.parse_spec('[spaces]\nh = { group = "lie" }\n')
+    assert "did you mean" not in str(err.value)

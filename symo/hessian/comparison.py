@@ -152,7 +152,7 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
         if missing:
             raise ValueError(f"the estimate does not cover parameters {missing}; compare only what it covers "
                              "(pass a params dict restricted to its parameters)")
-        return {n: out[n].double() for n in names}
+        return {n: out[n].detach().double() for n in names}  # an estimate from live parameters: no graph here
 
     neg_g = {n: -t for n, t in g.items()}
     result: dict[str, float | None] = {"cos_neg_grad": _cos(est_mv(neg_g), true_mv(neg_g))}
@@ -166,7 +166,7 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
     if hessian is not None:
         if hasattr(estimate, "power"):
             inv = estimate.power(-1.0, damping)
-            x_hat = {n: t.double() for n, t in inv.matvec(dict(g)).items() if n in p}
+            x_hat = {n: t.detach().double() for n, t in inv.matvec(dict(g)).items() if n in p}
         else:
             x_hat = solve_cg(est_mv, g, damping)
         evals, evecs = hessian_eigh if hessian_eigh is not None else torch.linalg.eigh(hessian)
@@ -176,7 +176,7 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
         result["cos_newton"] = None
 
     if hessian is not None and total <= frobenius_max:
-        h_hat = _estimate_dense(estimate, names, p)
+        h_hat = _estimate_dense(estimate, names, p).detach()
         h_hat = (h_hat + h_hat.T) / 2
         denom = float(h_hat.norm() * hessian.norm())
         result["cos_frobenius"] = float((h_hat * hessian).sum()) / denom if denom > 0 else 0.0

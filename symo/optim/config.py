@@ -14,11 +14,11 @@ is the field's name, except the built-in AdamW's, which carry an `adamw_` prefix
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+from ..compiler.errors import did_you_mean
 from .checks import adamw_checks, check_types, raise_first
 from .kinds import KINDS, KindConfig
 
@@ -174,6 +174,7 @@ OTHER_LIBRARIES = {
              "second moment",
     "shampoo_beta": "SOAP's shampoo_beta is Symo's beta2, the EMA of the Kronecker statistics",
     "merge_dims": "Symo has no merge_dims: the spec decides which coordinates form a block",
+    "learning_rate": "the learning rate is Symo(..., lr=...)",
     "precondition_1d": "Symo has no precondition_1d: a 1-D parameter is preconditioned where the spec covers it "
                        "and goes to Symo's AdamW otherwise",
 }
@@ -184,8 +185,7 @@ def spelling_hint(name: str, options: list[str]) -> str:
     `options` for a near miss, or ''."""
     if name in OTHER_LIBRARIES:
         return f" ({OTHER_LIBRARIES[name]})"
-    close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(name, options)
 
 
 def not_an_option(name: str, kind: str) -> TypeError:

@@ -377,7 +377,9 @@ def compile_subset(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[st
     except SpecError as err:
         if err.reason != "pattern matches no parameter of the model":
             raise
-        warnings.warn(f"the spec's rule {err.key} matches no parameter given to Symo (frozen parameters left "
-                      "out?); rules without parameters are dropped. Pass strict=False to say so and silence "
-                      "this, or strict=True to make it an error", UserWarning, stacklevel=3)
+        names = (err.hint or "").split("; to use the spec")[0]  # bind's hint: the parameters that look similar
+        warnings.warn(f"{err.file}: the spec's rule {err.key} matches no parameter given to Symo ({names}); "
+                      "rules without parameters are dropped, and the parameters it meant to cover go to AdamW. "
+                      "If frozen parameters were left out, pass strict=False to say so and silence this; "
+                      "strict=True makes it an error", UserWarning, stacklevel=3)
         return compile_for(spec, shapes, sizes, False)

@@ -34,6 +34,7 @@ and every value that differs from it.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -102,7 +103,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
 def get_preset(name: str) -> Preset:
     """The preset called `name`; a ValueError listing the presets otherwise."""
     if not isinstance(name, str) or name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; the presets are {sorted(PRESETS)} "
+        key = name.lower().replace("-", "_") if isinstance(name, str) else ""
+        close = [key] if key in PRESETS else difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""  # difflib, not the compiler's: plain data here
+        raise ValueError(f"unknown preset {name!r}{hint}; the presets are {sorted(PRESETS)} "
                          "(or pass no preset and set the options yourself)")
     return PRESETS[name]
 
