@@ -79,7 +79,8 @@ def test_bundled_muon_spec_does_not_warn_and_a_narrow_matrix_does() -> None:
     narrow = nn.Sequential(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 2048), nn.Tanh(), nn.Linear(2048, 3))
     names = [n for n, _ in narrow.named_parameters()]
     assert names[2] == "2.weight"
-    with pytest.warns(UserWarning, match=r"1 block share.*Y 1x2x2048.*hold all of the entries of 1 parameter "
+    with pytest.warns(UserWarning, match=r"1 block shares one small statistic across at least 1,024 coordinates"
+                                         r".*Y 1x2x2048.*It holds all of the entries of 1 parameter "
                                          r"\(2\.weight\).*Its space: '[^']+' \(signed_perm, size 2048.*"
                                          r"leave it out of the spec"):
         symo.Symo(narrow, preset="muon")  # Muon on a 2048 x 2 matrix: its 2 x 2 statistic, as Muon's own

@@ -87,8 +87,9 @@ def test_constructor_messages():
         Symo(named, MUON, bogus=1)
     with raises(TypeError, "beta2 is not an option of preconditioner 'polar' (the polar kind (Symo's default, "
                            "Muon's step) uses this step's statistic alone); it is an option of root, taylor, "
-                           "published, eigen_adam, then_orthogonalize: pass preconditioner='root' (or a preset) to "
-                           "use it"):
+                           "published, eigen_adam, then_orthogonalize: pass preconditioner='root', or a preset of "
+                           "one of them (published, notebook, shampoo, eigen_adam, soap, soap_heavyball, "
+                           "then_orthogonalize, soap_muon), to use it"):
         Symo(named, MUON, beta2=0.9)
     with raises(TypeError, "momentum must be a MomentumConfig (the momentum coefficient is the option beta1, e.g. "
                            "beta1=0.9), got float"):

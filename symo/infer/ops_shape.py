@@ -158,7 +158,8 @@ def _index(tr: Tracer, name, args, kwargs, out):
                 atoms.append(a)
             else:
                 if not tr.g.is_pinned(a):
-                    tr.g.pin(a, "slicing part of the axis (e.g. rotary embeddings' rotate_half)")
+                    tr.g.pin(a, "slicing part of the axis (as rotary embeddings' rotate_half does, or a position "
+                                "table cut to the inputs' length)")
                 atoms.append(tr.g.new(len(range(*i.indices(n))), pinned=True))
         elif isinstance(i, int) or (isinstance(i, torch.Tensor) and i.dim() == 0):
             if n > 1 and not tr.g.is_pinned(a):

@@ -119,11 +119,13 @@ def shared_statistic_warning(compiled: CompiledSpec, kind: str) -> str | None:
                       "of the spec (its rule's axes '_').")
     least = min(hit.values())
     held = "all" if least >= 0.995 else f"{100 * least:.0f}% or more"
+    several = len(blocks) != 1
     return (
-        f"spec {compiled.name!r}: {len(blocks)} block{'s' if len(blocks) != 1 else ''} share one small statistic "
-        f"across thousands of coordinates, e.g. block {worst.id} {worst.name!r}: Y {worst.batch}x{worst.mult}x"
-        f"{worst.width}, one {worst.mult}x{worst.mult} statistic for {worst.width:,} coordinates per row (ratio "
-        f"width/mult = {worst.width // worst.mult:,}). They hold {held} of the entries of "
-        f"{len(hit)} parameter{'s' if len(hit) != 1 else ''} ({summarize_names(sorted(hit))}), and a step on them is "
-        f"close to normalised SGD.{cause}{advice} The rule: a block with mult <= {SMALL_MULT} and width >= {WIDE} "
+        f"spec {compiled.name!r}: {len(blocks)} block{'s share' if several else ' shares'} one small statistic "
+        f"across at least {WIDE:,} coordinates, e.g. block {worst.id} {worst.name!r}: Y {worst.batch}x"
+        f"{worst.mult}x{worst.width}, one {worst.mult}x{worst.mult} statistic for {worst.width:,} coordinates per "
+        f"row (ratio width/mult = {worst.width // worst.mult:,}). {'They hold' if several else 'It holds'} {held} "
+        f"of the entries of {len(hit)} parameter{'s' if len(hit) != 1 else ''} ({summarize_names(sorted(hit))}), "
+        f"and a step on {'them' if several else 'it'} is close to normalised SGD.{cause}{advice} The rule: a block "
+        f"with mult <= {SMALL_MULT} and width >= {WIDE} "
         f"holding at least half of a parameter's entries (symo/optim/auto_spec.py).")

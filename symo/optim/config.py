@@ -21,6 +21,7 @@ from typing import Any, Literal
 from ..compiler.errors import did_you_mean
 from .checks import adamw_checks, check_types, raise_first
 from .kinds import KINDS, KindConfig
+from .presets import PRESETS
 
 
 @dataclass
@@ -193,8 +194,10 @@ def not_an_option(name: str, kind: str) -> TypeError:
     owners = OWNERS.get(name)
     if owners:
         why = _WHY.get(kind, f"preconditioner {kind!r} does not use it")
+        presets = [p.name for p in PRESETS.values() if p.values.get("preconditioner") in owners]
         return TypeError(f"{name} is not an option of preconditioner {kind!r} ({why}); it is an option of "
-                         f"{', '.join(owners)}: pass preconditioner={owners[0]!r} (or a preset) to use it")
+                         f"{', '.join(owners)}: pass preconditioner={owners[0]!r}, or a preset of one of them "
+                         f"({', '.join(presets)}), to use it")
     if name in FEATURES:
         return TypeError(f"{name} must be a {FEATURES[name].__name__}")
     every = [*FLAT, *FEATURES, "preconditioner", *OWNERS]
