@@ -52,9 +52,7 @@ def _gauge_user() -> dict:
     Path("my_model.toml").write_text((REPO / "specs" / "mlp_tanh.toml").read_text())
     user.update(make_opt=lambda ps: symo.Symo(ps, "my_model.toml", lr=1e-2),
                 loss=lambda out, target: ((out - target) ** 2).mean())
-    user["model"] = user["model"].double()
-    user["x"], user["y"] = user["x"].double(), user["y"].double()
-    return user
+    return user  # a float32 model and float32 data, as a user has them: the snippet casts the data
 
 
 def _laplace_user() -> dict:

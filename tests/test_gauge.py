@@ -117,6 +117,20 @@ def test_bad_arguments_are_named():
         symo.check_equivariance(EQUIVARIANT["sgd"], Factored(3, 3, 2))
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         symo.check_equivariance(lambda ps: object())
+    with pytest.raises(ValueError, match="tolerance must be a number >= 0, got -1"):
+        symo.check_equivariance(EQUIVARIANT["sgd"], tolerance=-1)
+    model = symo.models.mlp_tanh()
+    x, y = torch.randn(6, 8), torch.randn(6, 4)  # float32 data, the twins float64: the message says to cast
+    with pytest.raises(TypeError, match=r"float64 copy of the model.*lambda m: loss\(m\(x.double\(\)\), y.double"):
+        symo.check_equivariance(EQUIVARIANT["sgd"], model, "mlp_tanh", lambda m: ((m(x) - y) ** 2).mean())
+
+
+def test_soap_kinds_are_not_equivariant_to_rotations_as_the_docs_say():
+    """docs/gauge.md: on the default O(k) problem the SOAP presets end well apart, Symo's default and muon do not."""
+    for preset in ("soap", "soap_muon"):
+        report = symo.check_equivariance(lambda ps, p=preset: symo.Symo(ps, "factored", lr=1e-2, preset=p))
+        assert report.divergence[1] == 0.0 and report.final_divergence > 0.05, preset  # first step only gathers
+    assert symo.check_equivariance(lambda ps: symo.Symo(ps, "factored", lr=1e-2, preset="muon")).is_equivariant
 
 
 def test_cli_verdicts_and_exit_status(capsys):
@@ -129,6 +143,26 @@ def test_cli_verdicts_and_exit_status(capsys):
     assert symo.cli.main(["equivariance", "nonesuch"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown optimizer 'nonesuch'")
     assert symo.cli.main(["equivariance", "sgd", "--model", "symo.train.models:factored"]) == 2
+    for flags, message in ((["--steps", "0"], "--steps must be at least 1, got 0"),
+                           (["--tolerance", "-1"], "--tolerance must be a number >= 0, got -1"),
+                           (["--spec", "mlp_tanh"], "--spec is the symmetry of --model")):
+        assert symo.cli.main(["equivariance", "sgd", *flags]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_cli_on_a_model_of_ones_own_uses_its_spec_and_goes_on_past_a_rule_that_cannot_take_it(tmp_path, capsys,
+                                                                                              monkeypatch):
+    (tmp_path / "mine.py").write_text(
+        "import torch\nimport symo\n"
+        "def model():\n    return symo.models.mlp_tanh()\n"
+        "def loss(m):\n    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)\n"
+        "    return m(x).pow(2).mean()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["--model", "mine:model", "--loss", "mine:loss", "--spec", "mlp_tanh", "--steps", "2"]
+    assert symo.cli.main(["equivariance", "symo", "muon", "sgd", *args]) == 2  # muon takes no biases: an error
+    captured = capsys.readouterr()
+    assert "symo: EQUIVARIANT" in captured.out and "sgd: EQUIVARIANT" in captured.out  # the run went on
+    assert "muon: error: Muon takes matrices only" in captured.err and "module:factory" in captured.err
 
 
 def test_factored_problem_is_gauge_invariant():

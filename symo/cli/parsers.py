@@ -205,10 +205,12 @@ def _add_equivariance_parser(sub) -> None:
                    help=f"one or more of {', '.join(BUILTIN_RULES)}, or module:factory (factory(named_params) "
                         "returns a torch.optim.Optimizer)")
     e.add_argument("--lr", type=float, default=None, help="learning rate of the built-in rules (default per rule)")
-    e.add_argument("--steps", type=int, default=10)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--tolerance", type=float, default=1e-8)
-    e.add_argument("--spec", default=None, help="symmetry spec (default: factored, with the default problem)")
+    e.add_argument("--steps", type=int, default=10, help="lockstep steps, >= 1 (default 10)")
+    e.add_argument("--seed", type=int, default=0, help="seed of the group element and the problem (default 0)")
+    e.add_argument("--tolerance", type=float, default=1e-8,
+                   help="relative divergence below which a rule is equivariant, >= 0 (default 1e-8)")
+    e.add_argument("--spec", default=None, help="symmetry spec of --model, also the spec of the built-in 'symo' "
+                                                "rule (default: factored, with the default problem)")
     e.add_argument("--model", default=None, help="module:factory returning an nn.Module (needs --loss and --spec)")
     e.add_argument("--loss", default=None, help="module:function, loss(module) -> scalar tensor")
     e.set_defaults(run=".equivariance:equivariance_command")

@@ -123,6 +123,8 @@ def check_equivariance(make_optimizer: OptimizerFactory, model: nn.Module | Mapp
                          "(loss_fn(module) for an nn.Module, loss_fn({name: tensor}) for a dict)")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a number >= 0, got {tolerance}")
     base, twin = _Twin(model, loss_fn), _Twin(model, loss_fn)
     shapes = {n: tuple(p.shape) for n, p in base.params.items()}
     compiled = compile_for(spec, shapes, sizes)
@@ -132,7 +134,14 @@ def check_equivariance(make_optimizer: OptimizerFactory, model: nn.Module | Mapp
         moved = compiled.act(element, base.snapshot())
         for n, p in twin.params.items():
             p.copy_(moved[n])
-        loss0, loss1 = float(base.loss()), float(twin.loss())
+        try:
+            loss0, loss1 = float(base.loss()), float(twin.loss())
+        except RuntimeError as exc:
+            if "dtype" not in str(exc) and "Double" not in str(exc):
+                raise
+            raise TypeError(f"loss_fn failed on the float64 copy of the model ({str(exc)[:200]}): the twins are "
+                            "float64, so data the loss closes over must be float64 too, e.g. "
+                            "lambda m: loss(m(x.double()), y.double())") from None
     symmetry_defect = abs(loss1 - loss0) / max(abs(loss0), 1e-300)
 
     names = list(base.params)
