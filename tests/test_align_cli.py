@@ -55,6 +55,19 @@ def test_cli_reads_symo_train_checkpoints_without_model(tmp_path, capsys) -> Non
     assert "spec inferred" in capsys.readouterr().out
 
 
+def test_cli_on_symo_train_checkpoints_sizes_gpt_true_and_reports_the_barrier_on_token_data(tmp_path, capsys) -> None:
+    """--spec gpt_true on checkpoints takes its per-head sizes from the recorded n_head, and --data of token ids
+    with next-token targets gives the cross-entropy barrier (the GPT returns (logits, loss), logits per position)."""
+    paths, _ = gpt_checkpoints(tmp_path)
+    ids = torch.randint(0, 5, (8, 8), generator=torch.Generator().manual_seed(0))
+    data = tmp_path / "tokens.pt"
+    torch.save({"inputs": ids, "targets": ids.roll(-1, dims=-1)}, data)
+    assert main(["align", *paths, "--spec", "gpt_true", "--no-progress", "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "loss barrier (cross-entropy on --data, 11 points from A to B): naive" in out and "aligned" in out
+    assert (tmp_path / "run1" / "ckpt_aligned.pt").is_file()
+
+
 @pytest.mark.parametrize("case", ["not a model", "shapes", "spec covers none", "output is an input"])
 def test_cli_bad_input_writes_nothing(tmp_path, capsys, case) -> None:
     a, b = _save_pair(tmp_path, lambda: MLP((8, 16, 16, 4), act="relu"))

@@ -18,8 +18,10 @@ from typing import Any
 import torch
 
 from ..alignment import AlignError, AlignWarning, align, barrier, interpolate
+from ..compiler import load_spec
 from ..train.checkpoint import FORMAT, save_atomic, save_checkpoint
 from ..train.models import GPT, GPTConfig
+from ..train.optimizers import head_basis_sizes
 from .common import CommandError, _load_factory, _parse_sizes
 
 __all__ = ["align_command", "load_model_file", "merge_command"]
@@ -97,10 +99,18 @@ def _batches(value: Any, path: str, key: str | None) -> list[torch.Tensor]:
 
 
 def _loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Cross-entropy for integer targets (class indices), MSE otherwise."""
+    """Cross-entropy for integer targets (class indices; a sequence model's logits (batch, time, classes) against
+    targets (batch, time)), MSE otherwise. A model that returns (logits, loss), as symo train's GPT does, or an
+    output with .logits (Hugging Face) is read for its logits."""
     x, y = batch
     out = model(x)
+    if hasattr(out, "logits"):
+        out = out.logits
+    elif isinstance(out, (tuple, list)):
+        out = out[0]
     if not y.is_floating_point() and not y.is_complex() and y.dtype != torch.bool:
+        if out.dim() > 2 and out.dim() == y.dim() + 1:
+            out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
         return torch.nn.functional.cross_entropy(out, y)
     return torch.nn.functional.mse_loss(out, y.to(out.dtype))
 
@@ -130,6 +140,9 @@ def _report_barrier(a: torch.nn.Module, b: torch.nn.Module, aligned: torch.nn.Mo
 def _align(a: torch.nn.Module, b: torch.nn.Module, args: argparse.Namespace, data: tuple[list[Any], bool] | None,
            **options: Any):
     sizes = _parse_sizes(args.size) or None
+    if args.spec is not None and isinstance(a, GPT):  # a symo train checkpoint: its heads size the per-head bases
+        d_head = a.config.n_embd // a.config.n_head
+        sizes = {**(head_basis_sizes(load_spec(args.spec), d_head) or {}), **(sizes or {})} or None
     inputs = None
     if args.input_shape is not None:
         dtype = next((p.dtype for p in a.parameters() if p.is_floating_point()), torch.float32)
