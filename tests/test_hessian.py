@@ -65,15 +65,23 @@ def test_hvp_matches_dense():
     assert torch.allclose(flat(hv), h @ flat(v), atol=1e-12)
 
 
-def test_compare_of_an_estimate_that_keeps_its_graph_warns_nothing():
-    """An estimate whose products require grad (built from live parameters): the metrics are plain numbers, and
-    torch's "converting a tensor with requires_grad=True to a scalar" warning does not reach the user."""
-    _, _, _, params, loss_fn = tiny_problem(seed=5)
-    h = hessian.dense(loss_fn, params).requires_grad_(True)
+def test_compare_on_a_subset_and_an_estimate_that_keeps_its_graph_warns_nothing():
+    """A subset of a live model's parameters (its Hessian products carry a graph through the others), and an
+    estimate whose products require grad: the metrics are plain numbers, and torch's "converting a tensor with
+    requires_grad=True to a scalar" warning does not reach the user."""
+    torch.manual_seed(0)
+    model = symo.models.mlp_tanh().double()
+    x, y = torch.randn(16, 8, dtype=torch.float64), torch.randn(16, 4, dtype=torch.float64)
+    params = {n: p for n, p in model.named_parameters() if n.startswith("fc3")}
+
+    def loss_fn(ps):
+        return ((torch.func.functional_call(model, ps, (x,), strict=False) - y) ** 2).mean()
+
+    h = hessian.dense(loss_fn, params).detach().requires_grad_(True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         m = hessian.compare(hessian.DenseEstimate(h * 1.0, params), loss_fn, params, random_directions=2)
-    assert m["cos_neg_grad"] == pytest.approx(1.0, abs=1e-9)
+    assert m["cos_neg_grad"] == pytest.approx(1.0, abs=1e-9) and m["cos_frobenius"] == pytest.approx(1.0, abs=1e-9)
 
 
 def test_compare_of_h_with_itself_is_one():

@@ -309,6 +309,10 @@ def test_errors_name_the_problem():
         la.prior_precision = torch.ones(7)
     with pytest.raises(ValueError, match="sigma_noise"):
         SymoLaplace(model, "mlp_relu", sigma_noise=2.0)
+    with pytest.raises(TypeError, match=r"spec is None; pass the model's symmetry spec: symo.infer_spec\(model\)"):
+        SymoLaplace(model, None)
+    with pytest.raises(ValueError, match="n_samples must be a positive int, got 0"):
+        la.sample(0)
     la.fit(loader)
     with pytest.raises(ValueError, match="pred_type must be one of"):
         la.predictive(x, pred_type="laplace")

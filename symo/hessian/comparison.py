@@ -23,7 +23,8 @@ FROBENIUS_MAX = 4000
 
 
 def _dot(a: Tensors, b: Tensors) -> torch.Tensor:
-    return sum((a[n].double() * b[n].double()).sum() for n in a)
+    # a metric, no graph: Hessian products on a subset carry one through the model's other parameters
+    return sum((a[n].detach().double() * b[n].detach().double()).sum() for n in a)
 
 
 def _cos(a: Tensors, b: Tensors) -> float:
@@ -139,6 +140,8 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
         hessian = dense(loss_fn, p)
     if hessian is not None and hessian.shape != (total, total):
         raise ValueError(f"hessian has shape {tuple(hessian.shape)}; expected ({total}, {total}) for these params")
+    if hessian is not None:
+        hessian = hessian.detach()  # on a subset it carries a graph through the model's other parameters
 
     def true_mv(v: Tensors) -> dict[str, torch.Tensor]:
         if hessian is not None:

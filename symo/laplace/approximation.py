@@ -44,9 +44,9 @@ from ..compiler import Spec
 from ..runtime.compiled import CompiledSpec
 from ..runtime.curvature import Curvature
 from .fitting import (
-    LIKELIHOODS,
     CurvatureAccumulator,
     batch_loss,
+    check_arguments,
     check_tiling,
     compile_for_subset,
     eigh_psd,
@@ -64,18 +64,12 @@ MAX_FACTOR_NUMBERS = 1 << 28
 class SymoLaplace:
     """Laplace approximation with a symmetry-structured posterior precision (module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, spec: Spec | str | Path | CompiledSpec | None,
+    def __init__(self, model: torch.nn.Module, spec: Spec | str | Path | CompiledSpec,
                  likelihood: str = "classification", *, subset: str | Sequence[str] | None = None,
                  estimator: str = "ggn", mc_samples: int = 1, prior_precision: float | torch.Tensor = 1.0,
                  sigma_noise: float | torch.Tensor = 1.0, prior_mean: float = 0.0, temperature: float = 1.0,
                  sizes: dict[str, int] | None = None, chunk_size: int = 32) -> None:
-        if likelihood not in LIKELIHOODS:
-            raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
-        resolve_estimator(estimator, 1)  # validates the name
-        if not isinstance(mc_samples, int) or mc_samples < 1:
-            raise ValueError(f"mc_samples must be a positive int, got {mc_samples!r}")
-        if likelihood != "regression" and float(sigma_noise) != 1.0:
-            raise ValueError("sigma_noise != 1 is only defined for likelihood='regression'")
+        check_arguments(spec, likelihood, estimator, mc_samples, sigma_noise)
         self.model, self.likelihood, self.estimator = model, likelihood, estimator
         self.mc_samples, self.temperature, self.chunk_size = mc_samples, float(temperature), int(chunk_size)
         self.prior_mean = float(prior_mean)
@@ -343,6 +337,8 @@ class SymoLaplace:
     # ------------------------------------------------------------------ sampling and prediction
     def sample_offsets(self, n_samples: int = 100, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """{name: (n, *shape)}: theta - theta_MAP for n posterior draws, P^{-1/2} z with z ~ N(0, I)."""
+        if not isinstance(n_samples, int) or isinstance(n_samples, bool) or n_samples < 1:
+            raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
         z = torch.randn(n_samples, self.n_params, dtype=torch.float64, generator=generator).to(self.mean.device)
         return self.apply_precision_power(self.unflatten(z), -0.5)
 

@@ -160,6 +160,21 @@ def resolve_subset(model: torch.nn.Module, named: dict[str, torch.Tensor], subse
     return names
 
 
+def check_arguments(spec: object, likelihood: str, estimator: str, mc_samples: object, sigma_noise: object) -> None:
+    """SymoLaplace's arguments, each refused with a message naming it before anything is computed."""
+    if spec is None:
+        raise TypeError("SymoLaplace(model, spec): spec is None; pass the model's symmetry spec: "
+                        "symo.infer_spec(model) infers its true group (the one a posterior wants), or a bundled "
+                        "name, a path or a CompiledSpec")
+    if likelihood not in LIKELIHOODS:
+        raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+    resolve_estimator(estimator, 1)  # validates the name
+    if not isinstance(mc_samples, int) or mc_samples < 1:
+        raise ValueError(f"mc_samples must be a positive int, got {mc_samples!r}")
+    if likelihood != "regression" and float(sigma_noise) != 1.0:
+        raise ValueError("sigma_noise != 1 is only defined for likelihood='regression'")
+
+
 def compile_for_subset(spec: Spec | str | os.PathLike | CompiledSpec | None, named: dict[str, torch.Tensor],
                        shapes: dict[str, tuple[int, ...]], whole: bool,
                        sizes: dict[str, int] | None) -> CompiledSpec | None:
