@@ -22,6 +22,10 @@ WORK=${SYMO_MUTATION_DIR:-/tmp/symo-mutation}
 JOBS=${SYMO_MUTATION_JOBS:-2}
 PY=${PYTHON:-$REPO/.venv/bin/python}
 MODE=${1:-run}
+if [[ "$MODE" != "--report" ]] && ! "$PY" -c "import mutmut" 2>/dev/null; then
+    echo "error: mutmut is not installed in $PY's environment; install it with: pip install -e '.[mutation]'" >&2
+    exit 2
+fi
 
 mkdir -p "$WORK"
 tar --exclude=./.venv --exclude=./mutants --exclude=./.git --exclude='*.egg-info' --exclude='__pycache__' \

@@ -347,6 +347,8 @@ def test_barrier_matches_the_closed_form_path() -> None:
     assert res.barrier("acc") == pytest.approx(max((1 - al) * acc[0] + al * acc[-1] - v
                                                    for al, v in zip(res.alphas, acc)))
     assert res.midpoint("loss") == res.values["loss"][2]
+    with pytest.raises(KeyError, match=r"no values named 'los' on this path; loss_fn returned \['acc', 'loss'\]"):
+        res.barrier("los")
     same = barrier(a, a, loss_fn, data, alphas=3)
     assert same.barrier("loss") == pytest.approx(0.0, abs=1e-12)
 

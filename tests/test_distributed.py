@@ -220,6 +220,13 @@ def test_checkpoint_save_load_resume_is_bit_identical(tmp_path):
 
 
 # ---------------------------------------------------------------- one process: the plan and the config
+def test_fsdp_mode_on_unsharded_parameters_says_to_shard_first():
+    model, case = build("gpt_muon", "")
+    with pytest.raises(ValueError, match=r"distributed_mode='fsdp' needs the model sharded first: its parameters are "
+                                         r"plain tensors, not DTensors. Call torch.distributed.fsdp.fully_shard"):
+        Symo(model.named_parameters(), case.spec, sizes=case.sizes, distributed_mode="fsdp")
+
+
 def test_components_couple_blocks_that_share_a_parameter():
     """gpt_true: each layer's attention blocks form a component; the MLPs' trivial block couples every
     layer's MLP into one. The owners are balanced by cost, the costliest first."""

@@ -82,6 +82,8 @@ def test_compare_on_a_subset_and_an_estimate_that_keeps_its_graph_warns_nothing(
         warnings.simplefilter("error")
         m = hessian.compare(hessian.DenseEstimate(h * 1.0, params), loss_fn, params, random_directions=2)
     assert m["cos_neg_grad"] == pytest.approx(1.0, abs=1e-9) and m["cos_frobenius"] == pytest.approx(1.0, abs=1e-9)
+    with pytest.raises(ValueError, match="damping must be a number >= 0"):
+        hessian.compare(hessian.DenseEstimate(h, params), loss_fn, params, damping=-1.0)
 
 
 def test_compare_of_h_with_itself_is_one():

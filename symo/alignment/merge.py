@@ -192,8 +192,13 @@ class BarrierResult:
     values: dict[str, list[float]]
     higher_is_better: frozenset[str] = field(default_factory=lambda: frozenset({"acc", "accuracy"}))
 
+    def _values(self, name: str) -> list[float]:
+        if name not in self.values:
+            raise KeyError(f"no values named {name!r} on this path; loss_fn returned {sorted(self.values)}")
+        return self.values[name]
+
     def barrier(self, name: str = "loss") -> float:
-        v, al = self.values[name], self.alphas
+        v, al = self._values(name), self.alphas
         i0, i1 = al.index(min(al)), al.index(max(al))
         line = [v[i0] + (a - al[i0]) / (al[i1] - al[i0]) * (v[i1] - v[i0]) for a in al]
         sign = -1.0 if name in self.higher_is_better else 1.0
@@ -201,7 +206,7 @@ class BarrierResult:
 
     def midpoint(self, name: str = "loss") -> float:
         k = min(range(len(self.alphas)), key=lambda i: abs(self.alphas[i] - 0.5))
-        return self.values[name][k]
+        return self._values(name)[k]
 
     def plot(self, path: str | Path, name: str = "loss", label: str | None = None) -> Path | None:
         """The curve against alpha as a PNG (None when matplotlib is not installed)."""

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="symo", description="Symo: symmetry-structured curvature for PyTorch. List a model's parameters "
         "(params), write a spec or let infer write one, compile it and check it against the model (compile, "
-        "check), then train with it (train). Each command has its own --help.")
+        "check), then train with it (train); align or merge two trained models modulo the group (align, "
+        "merge), and test whether an optimizer respects it (equivariance). Each command has its own --help.")
     parser.add_argument("--version", action="version", version=f"symo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_commands(sub)

@@ -99,7 +99,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def add_align_parser(sub: argparse._SubParsersAction) -> None:
     a = sub.add_parser("align", help="move model B by the symmetry group element that matches it best to model A",
-                       description="Weight matching modulo the spec's group: permutations, signed permutations and "
+                       description="Matching modulo the spec's group (by weights, or --method activations by "
+                                   "activations on --data): permutations, signed permutations and "
                                    "O(k) rotations (per head too), found by coordinate descent; B moved by the element "
                                    "found computes B's function wherever the spec is a true symmetry. Writes B "
                                    "aligned (default: B_aligned.pt next to B) and prints the per-space report.")

@@ -132,6 +132,10 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
     output of `dense`) to reuse one H across estimates, and `hessian_eigh` (torch.linalg.eigh of it)
     to reuse its eigendecomposition.
     """
+    if not (math.isfinite(damping) and damping >= 0):
+        raise ValueError(f"damping must be a number >= 0 (relative to the largest |eigenvalue|), got {damping}")
+    if random_directions < 0:
+        raise ValueError(f"random_directions must be >= 0, got {random_directions}")
     p = _detached(params)
     names = list(p)
     total = sum(t.numel() for t in p.values())

@@ -306,7 +306,12 @@ def make_distributor(cfg: DistributedConfig, stages: list[Stage], params: Mappin
     """The plan for `mode` ("replicated" or "fsdp"): components, owners and row layouts."""
     if mode == "fsdp":
         meshes = [p.device_mesh for p in params.values() if isinstance(p, DTensor)]
-        if not meshes or meshes[0].ndim != 1 or any(m != meshes[0] for m in meshes):
+        if not meshes:
+            raise ValueError("distributed_mode='fsdp' needs the model sharded first: its parameters are plain "
+                             "tensors, not DTensors. Call torch.distributed.fsdp.fully_shard on the model (each "
+                             "block, then the root) before building Symo, or leave distributed_mode out for DDP "
+                             "or one process")
+        if meshes[0].ndim != 1 or any(m != meshes[0] for m in meshes):
             raise NotImplementedError("distributed_mode='fsdp' supports DTensor parameters on one 1-D device "
                                       "mesh (fully_shard over one process group); HSDP and 2-D meshes are not "
                                       "supported yet")
