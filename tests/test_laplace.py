@@ -10,6 +10,7 @@ likelihood) is then dense linear algebra on that matrix. Small MLPs, float64.
 from __future__ import annotations
 
 import math
+import re
 
 import oracles as O
 import pytest
@@ -313,6 +314,17 @@ def test_errors_name_the_problem():
         SymoLaplace(model, None)
     with pytest.raises(ValueError, match="n_samples must be a positive int, got 0"):
         la.sample(0)
+    (bx, by), = loader[:1]
+    bad_batches = {"(x, y) pairs of tensors, got a dict with keys ['x', 'y']": [{"x": bx, "y": by}],
+                   "the model failed on a batch x of shape (10, 2) and dtype torch.float64": [(bx[:, :-1], by)],
+                   "the model failed on a batch x of shape (10, 3) and dtype torch.float32 (its parameters are "
+                   "torch.float64)": [(bx.float(), by)],
+                   "class indices of shape (10,) and an integer dtype; got shape (10,) and torch.float64":
+                       [(bx, by.double())],
+                   "got shape (10, 1) and torch.int64 (e.g. y.long(), or y.squeeze(-1))": [(bx, by[:, None])]}
+    for message, bad in bad_batches.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            la.fit(bad)
     la.fit(loader)
     with pytest.raises(ValueError, match="pred_type must be one of"):
         la.predictive(x, pred_type="laplace")

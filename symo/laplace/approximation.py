@@ -46,10 +46,13 @@ from ..runtime.curvature import Curvature
 from .fitting import (
     CurvatureAccumulator,
     batch_loss,
+    batch_pair,
     check_arguments,
+    check_targets,
     check_tiling,
     compile_for_subset,
     eigh_psd,
+    model_outputs,
     output_cotangents,
     pseudo_gradients,
     resolve_estimator,
@@ -162,15 +165,10 @@ class SymoLaplace:
         device = self.mean.device
         acc = CurvatureAccumulator(self.compiled, self.uncovered, device)
         loss, n_data = torch.zeros((), dtype=torch.float64), 0
-        for x, y in tqdm(train_loader, desc="symo laplace fit", disable=not progress_bar, leave=False):
-            x, y = x.to(device), y.to(device)
-            with torch.no_grad():
-                out = torch.func.functional_call(self.model, {**self._frozen, **self._params}, (x,))
-            if out.dim() != 2:
-                raise ValueError(f"the model's output has shape {tuple(out.shape)}; SymoLaplace needs (batch, outputs)")
-            if self.likelihood == "regression" and y.shape != out.shape:
-                raise ValueError(f"regression targets have shape {tuple(y.shape)}, the outputs {tuple(out.shape)}; "
-                                 "reshape y to match (e.g. y.unsqueeze(-1))")
+        for batch in tqdm(train_loader, desc="symo laplace fit", disable=not progress_bar, leave=False):
+            x, y = (t.to(device) for t in batch_pair(batch))
+            out = model_outputs(self.model, {**self._frozen, **self._params}, x)
+            check_targets(out, y, self.likelihood)
             self.n_outputs = out.shape[-1]
             est = resolve_estimator(self.estimator, self.n_outputs)
             loss += batch_loss(out, y, self.likelihood).double()

@@ -175,6 +175,42 @@ def check_arguments(spec: object, likelihood: str, estimator: str, mc_samples: o
         raise ValueError("sigma_noise != 1 is only defined for likelihood='regression'")
 
 
+def batch_pair(batch: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """A train_loader's batch as (x, y) tensors, or a ValueError saying what a batch must be."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
+        shown = type(batch).__name__ + (f" with keys {sorted(batch)[:4]}" if isinstance(batch, dict) else "")
+        raise ValueError(f"fit: train_loader must yield (x, y) pairs of tensors, got a {shown}; a DataLoader over a "
+                         "TensorDataset(x, y) yields them")
+    return batch[0], batch[1]
+
+
+def model_outputs(model: torch.nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The model's outputs on x at `params` (no graph), with the batch and the parameters named if it fails."""
+    dtype = next(iter(params.values())).dtype if params else None
+    try:
+        with torch.no_grad():
+            return torch.func.functional_call(model, params, (x,))
+    except RuntimeError as exc:
+        raise ValueError(f"the model failed on a batch x of shape {tuple(x.shape)} and dtype {x.dtype} (its "
+                         f"parameters are {dtype}): {str(exc).splitlines()[0][:200]}; check the inputs' shape and "
+                         "dtype against the model") from None
+
+
+def check_targets(out: torch.Tensor, y: torch.Tensor, likelihood: str) -> None:
+    """Targets that fit the outputs and the likelihood, or a ValueError naming shapes and dtypes."""
+    if out.dim() != 2:
+        raise ValueError(f"the model's output has shape {tuple(out.shape)}; SymoLaplace needs (batch, outputs)")
+    if likelihood == "regression":
+        if y.shape != out.shape:
+            raise ValueError(f"regression targets have shape {tuple(y.shape)}, the outputs {tuple(out.shape)}; "
+                             "reshape y to match (e.g. y.unsqueeze(-1))")
+        if not y.is_floating_point():
+            raise ValueError(f"regression targets are {y.dtype}; give them as floating point (y.float())")
+    elif y.is_floating_point() or y.shape != out.shape[:1]:
+        raise ValueError(f"classification targets must be class indices of shape ({out.shape[0]},) and an integer "
+                         f"dtype; got shape {tuple(y.shape)} and {y.dtype} (e.g. y.long(), or y.squeeze(-1))")
+
+
 def compile_for_subset(spec: Spec | str | os.PathLike | CompiledSpec | None, named: dict[str, torch.Tensor],
                        shapes: dict[str, tuple[int, ...]], whole: bool,
                        sizes: dict[str, int] | None) -> CompiledSpec | None:
