@@ -44,6 +44,11 @@ def test_cli_align_and_merge_state_dicts(tmp_path, capsys) -> None:
     want = interpolate(first, aligned, 0.5).state_dict()
     got = torch.load(merged, weights_only=True)
     assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+    plain = ["--model", "symo.train.models:mlp_relu", "--no-progress"]
+    assert main(["merge", a, b, *plain, "--no-align", "-o", str(merged)]) == 0
+    assert main(["merge", a, b, *model, "--restarts", "2", "--no-align", "-o", str(merged)]) == 2
+    assert ("--no-align interpolates B as given, so --spec, --restarts would have no effect"
+            in capsys.readouterr().err)
 
 
 def test_cli_reads_symo_train_checkpoints_without_model(tmp_path, capsys) -> None:

@@ -44,6 +44,15 @@ def align_command(args: argparse.Namespace) -> int:
 
 def merge_command(args: argparse.Namespace) -> int:
     """`symo merge A B --alpha 0.5 [--no-align]`: (1 - alpha) A + alpha B, B aligned to A first."""
+    if not args.align:  # the options that only steer the alignment mean nothing without it: say so
+        moot = [flag for flag, given in (("--spec", args.spec is not None), ("--size", bool(args.size)),
+                                         ("--method activations", args.method == "activations"),
+                                         ("--restarts", args.restarts != 0), ("--max-sweeps", args.max_sweeps != 100),
+                                         ("--partial", args.partial), ("--input-shape", args.input_shape is not None))
+                if given]
+        if moot:
+            raise CommandError(f"--no-align interpolates B as given, so {', '.join(moot)} would have no effect; "
+                               "leave them out, or drop --no-align to align B first", 2)
     data = _data(args) if args.align or args.data is not None else None
     a, b, blob_b = _models(args)
     if args.align:
