@@ -21,6 +21,7 @@ from torch.func import functional_call, jacrev
 
 import symo
 from symo.laplace import SymoLaplace
+from symo.train.models import MLP
 
 D = torch.float64
 
@@ -314,6 +315,10 @@ def test_errors_name_the_problem():
         SymoLaplace(model, None)
     with pytest.raises(ValueError, match="n_samples must be a positive int, got 0"):
         la.sample(0)
+    wider = symo.compile("mlp_relu", MLP((3, 5, 3, 4), act="relu").double(), disk_cache=False)
+    with pytest.raises(ValueError, match=re.escape("the compiled spec does not fit these parameters (fc1.weight: "
+                                                   "compiled (5, 3), here (3, 3)")):
+        SymoLaplace(model, wider)
     (bx, by), = loader[:1]
     bad_batches = {"(x, y) pairs of tensors, got a dict with keys ['x', 'y']": [{"x": bx, "y": by}],
                    "the model failed on a batch x of shape (10, 2) and dtype torch.float64": [(bx[:, :-1], by)],

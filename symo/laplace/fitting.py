@@ -225,8 +225,11 @@ def compile_for_subset(spec: Spec | str | os.PathLike | CompiledSpec | None, nam
     if isinstance(spec, CompiledSpec):
         bad = [n for n in spec.param_names if shapes.get(n) != spec.shapes[n]]
         if bad:
-            raise ValueError(f"the compiled spec covers {bad}, which are not in the subset with these shapes; "
-                             "compile the spec for the subset's parameters or pass the spec itself")
+            shown = ", ".join(f"{n}: compiled {tuple(spec.shapes[n])}, here "
+                              f"{tuple(shapes[n]) if n in shapes else 'not in the parameters given'}" for n in bad[:3])
+            raise ValueError(f"the compiled spec does not fit these parameters ({shown}"
+                             f"{f', and {len(bad) - 3} more' if len(bad) > 3 else ''}); compile it for this model "
+                             "(and subset), or pass the spec itself and let SymoLaplace compile it")
         return spec
     if isinstance(spec, (str, os.PathLike)):
         spec = load_spec(spec)
