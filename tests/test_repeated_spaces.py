@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from pathlib import Path
 
 import oracles as O
@@ -339,3 +340,18 @@ def test_fused_axis_and_per_space_next_to_a_repeated_space(group):
     grads = random_tensors(layout, seed=21)
     S_ref = OD.dense_orbit_average(O.action_matrices(spaces, layout), OD.flatten(grads, ["W", "Q"]))
     check_against_oracle(compiled.orbit_average(grads), S_ref, ["W", "Q"], [(n + 2, n), (4, n)], seed=21)
+
+
+def test_muons_scale_on_a_repeated_space_warns_naming_it():
+    """docs/repeated_spaces.md, "Limits": Muon's per-shape scale does not fit a repeated space's pieces."""
+    model = RNN(3, 6, 2, act="tanh")
+    compiled = symo.compile("rnn_tanh", model, disk_cache=False)
+    assert compiled.repeated_spaces == {"h": ["W_hh"]}
+    with pytest.warns(UserWarning, match=r"space 'h' acts on two axes of W_hh \(a repeated space\).*pass "
+                                         r"update_scale='natural' or 'adamw'"):
+        symo.Symo(model, "rnn_tanh", update_scale="muon")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        symo.Symo(model, "rnn_tanh")  # the natural scale: no warning
+        symo.Symo(model, "rnn_muon", update_scale="muon")  # no repeated space
+    assert symo.compile("gpt_muon", symo.models.gpt_small(), disk_cache=False).repeated_spaces == {}

@@ -129,3 +129,16 @@ def shared_statistic_warning(compiled: CompiledSpec, kind: str) -> str | None:
         f"and a step on {'them' if several else 'it'} is close to normalised SGD.{cause}{advice} The rule: a block "
         f"with mult <= {SMALL_MULT} and width >= {WIDE} "
         f"holding at least half of a parameter's entries (symo/optim/auto_spec.py).")
+
+
+def repeated_space_scale_warning(compiled: CompiledSpec, update_scale: str) -> str | None:
+    """The warning for Muon's scale on a spec with a repeated space (one space on two axes of a block, as an
+    RNN's W_hh = Q W Q^T): its pieces have frame width n^2, so Muon's per-shape factor is not the step's
+    (docs/repeated_spaces.md, "Limits"). None when it does not apply."""
+    if update_scale != "muon" or not compiled.repeated_spaces:
+        return None
+    space, params = next(iter(compiled.repeated_spaces.items()))
+    return (f"spec {compiled.name!r}: space {space!r} acts on two axes of {summarize_names(params)} (a repeated "
+            "space), and update_scale='muon' sizes steps by a block's frame width, which for its pieces is n^2: "
+            "pass update_scale='natural' or 'adamw' with this spec (docs/repeated_spaces.md)")
+

@@ -167,9 +167,10 @@ class Symo(torch.optim.Optimizer):
         self.kind: Kind = KINDS[cfg.kind][1](cfg)
         self.kind.refuse_unsupported(len(specs))
         for comp in specs:
-            text = auto_spec.shared_statistic_warning(comp, cfg.kind)
-            if text is not None:
-                warnings.warn(text, UserWarning, stacklevel=2)
+            for text in (auto_spec.shared_statistic_warning(comp, cfg.kind),
+                         auto_spec.repeated_space_scale_warning(comp, cfg.update_scale)):
+                if text is not None:
+                    warnings.warn(text, UserWarning, stacklevel=2)
         self.plan: list[Stage] = build_stages(
             specs, lambda b, k: self.kind.backend_for(b, k, device, self.stats_dtype))
         # the parameters whose update Muon's scale rescales to its per-shape RMS (not their own rows x cols block)

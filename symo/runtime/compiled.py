@@ -92,6 +92,19 @@ class CompiledSpec:
         return {s: [n for n, bs in self._block_params.items() if any(sp == s for b in bs for sp, _ in b["atoms"])]
                 for s in self.spaces}
 
+    @functools.cached_property
+    def repeated_spaces(self) -> dict[str, list[str]]:
+        """space -> the covered parameters with a block in which it acts on two axes (docs/repeated_spaces.md)."""
+        out: dict[str, list[str]] = {}
+        for name, blocks in self._block_params.items():
+            twice = set()
+            for b in blocks:
+                on_axes = [sp for axis in b["axes"] for sp in {s for s, _ in axis if s is not None}]
+                twice |= {sp for sp in on_axes if on_axes.count(sp) > 1}
+            for sp in sorted(twice):
+                out.setdefault(sp, []).append(name)
+        return out
+
     def axis_spaces(self, name: str, axis: int) -> set[str]:
         """The spaces that act on axis `axis` of covered parameter `name` (in any of its blocks; free axes none)."""
         return {sp for b in self._block_params[name] for sp, _ in b["axes"][axis] if sp is not None}
