@@ -121,7 +121,7 @@ def test_leaving_frozen_parameters_out_works_with_a_warning():
     model.fc1.weight.requires_grad_(False)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     spec = symo.load_spec("mlp_tanh")
-    with pytest.warns(UserWarning, match=r"fc1.weight.*frozen parameters left out"):
+    with pytest.warns(UserWarning, match=r"fc1.weight.*If frozen parameters were left out"):
         opt = Symo(trainable, spec, lr=0.02)
     assert "fc1.weight" not in opt.assignment and opt.assignment["fc2.weight"] == "symo"
     model(torch.randn(4, 8)).square().sum().backward()
