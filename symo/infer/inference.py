@@ -194,7 +194,8 @@ def infer(model: nn.Module, example_inputs: Any = None, *, heads: int | None = N
     tr = trace(model, args, kwargs)
     layout = build_layout(tr, shapes, heads)
     seconds = {"trace": time.perf_counter() - t0}
-    title = name or f"{type(model).__name__} (inferred{', Muon relaxation' if relax else ''})"
+    relaxed = {None: "", "muon": ", Muon relaxation", "muon_pieces": ", Muon relaxation, fused matrices in pieces"}
+    title = name or f"{type(model).__name__} (inferred{relaxed[relax]})"
     inferred = {sid: s.group for sid, s in layout.spaces.items()}
     results: dict[int, tuple[str, float | None]] = {}
     check = None
