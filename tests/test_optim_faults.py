@@ -115,6 +115,31 @@ def test_a_step_that_raises_changes_nothing(preset):
         assert torch.equal(a, b), n
 
 
+@pytest.mark.parametrize("preset", ["soap", "soap_muon", "eigen_adam"])
+def test_a_statistic_that_overflows_float32_is_an_error_that_changes_nothing(preset):
+    """Finite gradients of 1e20: their squares overflow the SOAP kinds' float32 statistics. The first step raises
+    NonFiniteUpdateError naming the cure and writes nothing: the optimizer is still fresh, so its next step is a
+    new optimizer's, bit for bit."""
+    torch.manual_seed(0)
+    model = MLP((8, 16, 12, 4))
+    twin = copy.deepcopy(model)
+    make = lambda m: Symo(m.named_parameters(), symo.load_spec("muon"), preset=preset, lr=0.01)  # noqa: E731
+    opt, twin_opt = make(model), make(twin)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e20
+    with pytest.raises(NonFiniteUpdateError, match=r"(?s)(?=.*changed nothing)(?=.*stats_dtype='float64')"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+    x = torch.randn(8, 8)
+    for _ in range(3):
+        for m, o in ((model, opt), (twin, twin_opt)):
+            o.zero_grad()
+            m(x).square().sum().backward()
+            o.step()
+    for (n, a), b in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(a, b), n
+
+
 def test_leaving_frozen_parameters_out_works_with_a_warning():
     """mlp_tanh.toml names each parameter; the torch idiom leaves the frozen fc1.weight out of the optimizer."""
     model = MLP((8, 16, 12, 4))

@@ -44,7 +44,7 @@ from .kinds import KINDS
 from .kinds.base import Kind, StepContext
 from .plan import Stage, build_stages, resolve_stats_dtype
 from .presets import Preset, get_preset
-from .step import directions, momentum, polar_step, shared_beta1
+from .step import check_finite_updates, directions, momentum, polar_step, shared_beta1
 
 SpecLike = str | Path | Spec | CompiledSpec
 # without a preset, the documented rate of each update scale: 1e-3 natural (a full-rank block moves 1e-3 RMS
@@ -265,12 +265,15 @@ class Symo(torch.optim.Optimizer):
                     continue
                 st = self.state[p]
                 fresh = fresh and "momentum_buffer" not in st
-                if "momentum_buffer" not in st:
-                    st["momentum_buffer"] = torch.zeros_like(p, dtype=moment_dtype(p.dtype))
+                buf = st.get("momentum_buffer")
+                if buf is None:  # kept aside until the step commits, so a step that raises leaves it fresh
+                    buf = torch.zeros_like(p, dtype=moment_dtype(p.dtype))
+                    if self.distributor is not None:  # a shard written in place at the commit
+                        st["momentum_buffer"] = buf
                 names.append(n)
                 params.append(p)
                 grads.append(local(p.grad))
-                bufs.append(local(st["momentum_buffer"]))
+                bufs.append(local(buf))
                 betas.append(group["beta1"])
                 nesterovs.append(group["nesterov"])
         if not names:
@@ -284,6 +287,8 @@ class Symo(torch.optim.Optimizer):
                 self._compiled_step = torch.compile(polar_step, fullgraph=True)
             updates, new_bufs = self._compiled_step(self.plan, self.kind, ctx, names, grads, bufs, tuple(betas),
                                                     tuple(nesterovs), targets)
+            if self.config.check_finite:
+                check_finite_updates(updates, self.kind.name)
         else:
             us_list, new_bufs = momentum(grads, bufs, betas, nesterovs)
             us = dict(zip(names, us_list))
@@ -307,6 +312,8 @@ class Symo(torch.optim.Optimizer):
             try:
                 updates = (directions(self.plan, self.kind, ctx, vectors, weights, set(names), journaled, owned,
                                       targets) if vectors["u"] else {})
+                if d is None and self.config.check_finite:  # (sharded: each rank's own, it could stop one alone)
+                    check_finite_updates(updates, self.kind.name)
             except BaseException:
                 for st, before in reversed(journal):
                     st.clear()
@@ -315,6 +322,8 @@ class Symo(torch.optim.Optimizer):
             if d is not None:
                 updates = d.from_owners(names, updates, us)
         if ctx.statistics_only:  # the statistics are kept; the momentum and the parameters start at the next step
+            for p, buf in zip(params, bufs):
+                self.state[p].setdefault("momentum_buffer", buf)  # zero: marks the first step as taken
             return
         if self.config.neuron_norm_beta2 is not None:  # NorMuon's rows, once every direction is computed
             sharded = frozenset() if d is None else frozenset(n for n in names if d.rows[n] is not None)

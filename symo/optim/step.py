@@ -5,6 +5,7 @@ torch.compile. `Symo._step_covered` (optimizer.py) calls them and writes nothing
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -116,6 +117,23 @@ def directions(plan: list[Stage], kind: Kind, ctx: StepContext, vectors: dict[st
     return parameter_rms.match_rms(carried["u"], rms_targets or {})
 
 
+def check_finite_updates(updates: dict[str, torch.Tensor], kind: str) -> None:
+    """NonFiniteUpdateError, before anything is written, when the step's direction of some parameter holds NaN
+    or inf although its gradient was finite: one synchronisation for all of them."""
+    shown = {n: u for n, u in updates.items() if u.numel()}
+    if not shown:
+        return
+    peaks = torch.stack([u.detach().abs().amax().float() for u in shown.values()])
+    if bool(torch.isfinite(peaks).all()):
+        return
+    bad = [n for n, peak in zip(shown, peaks.tolist()) if not math.isfinite(peak)]
+    raise NonFiniteUpdateError(
+        f"Symo's {kind} step produced NaN or inf in the update of {bad[:3]}{' and more' if len(bad) > 3 else ''} "
+        "from finite gradients; the step changed nothing. The usual cause is a statistic that overflowed its dtype "
+        "(float32 holds squares up to about 3e38, so gradient entries above about 1e19): clip the gradients, lower "
+        "the loss scale, or pass stats_dtype='float64'")
+
+
 def linalg_failure(kind: Kind, comp: CompiledSpec, vectors: dict[str, Tensors], err: Exception
                    ) -> NonFiniteUpdateError:
     """A matrix function that failed (eigh of a NaN or inf statistic), as the documented error: it names the
@@ -127,9 +145,10 @@ def linalg_failure(kind: Kind, comp: CompiledSpec, vectors: dict[str, Tensors], 
             f"gradient or momentum of {sorted(set(bad))[:3]} holds NaN/inf (check_finite=False let it in); the "
             "step changed nothing: skip this batch, lower the learning rate, or keep check_finite=True")
     return NonFiniteUpdateError(
-        f"Symo's {kind.name} preconditioner failed on a finite statistic of spec {comp.name!r} ({err}); this is "
-        "the optimizer's numerics, not your gradient: use stats_dtype='float64', or add damping; the step "
-        "changed nothing")
+        f"Symo's {kind.name} preconditioner could not decompose a statistic of spec {comp.name!r} ({err}) from "
+        "finite gradients; this is the optimizer's numerics, not your data: a statistic that overflowed float32 "
+        "(gradient entries above about 1e19: clip them or lower the loss scale) or an ill-conditioned one. Use "
+        "stats_dtype='float64', or add damping; the step changed nothing")
 
 
 def lazy_gather(comp: CompiledSpec, tensors: Tensors, like: torch.Tensor) -> Callable[[], dict[str, torch.Tensor]]:
