@@ -84,6 +84,48 @@ def test_loaded_state_moves_to_the_parameters_device():
     assert blocks and all(v.device.type == "meta" for st in blocks.values() for v in st.values() if torch.is_tensor(v))
 
 
+def test_loaded_moments_take_the_dtype_a_fresh_optimizer_keeps():
+    """A float32 run's checkpoint loaded for a float64 model: momentum and AdamW moments in float64, as a fresh
+    float64 optimizer keeps them (and a bfloat16 model's in float32); the step counter as saved."""
+    torch.manual_seed(0)
+    saved = trained(MLP(SIZES), MUON).state_dict()
+    for dtype, kept in ((torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
+        model = MLP(SIZES).to(dtype)
+        opt = Symo(model.named_parameters(), MUON, lr=0.01)
+        opt.load_state_dict(saved)
+        moments = {k: v.dtype for p in model.parameters() for k, v in opt.state[p].items() if k != "step"}
+        assert moments and set(moments.values()) == {kept}, (dtype, moments)
+
+
+@pytest.mark.parametrize("preset", [None, "soap_muon"])
+def test_deepcopy_gives_an_optimizer_that_steps_as_the_original_and_pickling_says_what_to_do(preset):
+    """copy.deepcopy((model, opt)): the copy steps bit for bit as the original from there on; pickling is refused
+    with the state_dict route."""
+    import pickle
+
+    torch.manual_seed(0)
+    model = MLP(SIZES)
+    x, y = mlp_data()
+    opt = Symo(model.named_parameters(), MUON, lr=0.01, preset=preset)
+
+    def step(m, o):
+        o.zero_grad()
+        mse_loss(m, x.float(), y.float()).backward()
+        o.step()
+
+    for _ in range(3):
+        step(model, opt)
+    twin, twin_opt = copy.deepcopy((model, opt))
+    assert {id(p) for g in twin_opt.param_groups for p in g["params"]} == {id(p) for p in twin.parameters()}
+    for _ in range(4):
+        step(model, opt)
+        step(twin, twin_opt)
+    for (n, a), b in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(a, b), n
+    with pytest.raises(TypeError, match=r"Symo cannot be pickled.*opt.state_dict\(\).*copy.deepcopy"):
+        pickle.dumps(opt)
+
+
 def test_a_checkpoint_with_a_parameter_that_never_had_a_gradient_loads():
     """fc1.bias never gets a gradient, so the checkpoint holds no state for it: loading works, and the loaded
     optimizer continues exactly like the saved one."""

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..compiler import Spec, SpecError
-from ..runtime.compiled import CompiledSpec, check_finite_tensors, compile_for
+from ..compiler import Spec
+from ..runtime.compiled import CompiledSpec, check_finite_tensors
 from ..runtime.text import fit_lines
 from . import auto_spec, neuron_norm, parameter_rms, report, state
 from .adamw import adamw_step, moment_dtype
@@ -42,7 +42,7 @@ from .config import ADAMW_LR, SymoConfig
 from .distributed import Distributor, distribute
 from .kinds import KINDS
 from .kinds.base import Kind, StepContext
-from .plan import Stage, build_stages, resolve_stats_dtype
+from .plan import Stage, build_stages, compile_subset, resolve_stats_dtype
 from .presets import Preset, get_preset
 from .step import check_finite_updates, directions, momentum, polar_step, shared_beta1
 
@@ -347,6 +347,12 @@ class Symo(torch.optim.Optimizer):
         return state.block_state(self, k, stage, bid)
 
     # ------------------------------------------------------------------ state (symo.optim.state)
+    def __deepcopy__(self, memo: dict[int, Any]) -> Symo:
+        return state.deep_copy(self, memo)
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError(state.PICKLE_REFUSAL)
+
     def state_dict(self) -> dict[str, Any]:
         """torch's state dict plus "symo": the spec key, sizes, stages and kind it was saved for, so
         `load_state_dict` can refuse a checkpoint of another spec, width, parameter set or kind."""
@@ -374,22 +380,3 @@ class Symo(torch.optim.Optimizer):
     def state_bytes(self) -> int:
         """Bytes held in optimizer state tensors (momentum, AdamW moments, block states)."""
         return state.state_bytes(self.state)
-
-
-def compile_subset(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None,
-                   strict: bool | None) -> CompiledSpec:
-    """`spec` compiled for the given parameters; with strict=None, rules that match none of them (frozen
-    parameters left out of the optimizer, the torch idiom) are dropped with a warning naming the first."""
-    if strict is not None:
-        return compile_for(spec, shapes, sizes, strict)
-    try:
-        return compile_for(spec, shapes, sizes, True)
-    except SpecError as err:
-        if err.reason != "pattern matches no parameter of the model":
-            raise
-        names = (err.hint or "").split("; to use the spec")[0]  # bind's hint: the parameters that look similar
-        warnings.warn(f"{err.file}: the spec's rule {err.key} matches no parameter given to Symo ({names}); "
-                      "rules without parameters are dropped, and the parameters it meant to cover go to AdamW. "
-                      "If frozen parameters were left out, pass strict=False to say so and silence this; "
-                      "strict=True makes it an error", UserWarning, stacklevel=3)
-        return compile_for(spec, shapes, sizes, False)

@@ -3,17 +3,21 @@
 A `Stage` is one compiled spec (two for a geometric mean); each of its blocks gets a `BlockPlan`: its
 sizes, its parameters, its matrix function (a config chosen by the kind) and whether its Y is the transpose
 of one square weight. Values a schedule may change (the power, the betas, the update scale) are not copied
-here: the kinds read them from the optimizer's config at every step.
+here: the kinds read them from the optimizer's config at every step. `compile_subset` compiles the spec for the
+parameters given (the rules of frozen parameters left out dropped with a warning).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from ..runtime.compiled import BlockInfo, CompiledSpec
+from ..compiler import SpecError
+from ..runtime.compiled import BlockInfo, CompiledSpec, compile_for
 from .matrix_function_configs import MatrixFunction
 
 
@@ -92,3 +96,22 @@ def resolve_stats_dtype(choice: str, device: torch.device) -> torch.dtype:
 def stack_blocks(batch_blocks: bool | str, device: torch.device) -> bool:
     """Whether the Muon path stacks same-shape blocks into one call (ExecutionConfig.batch_blocks)."""
     return device.type != "cpu" if batch_blocks == "auto" else bool(batch_blocks)
+
+
+def compile_subset(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None,
+                   strict: bool | None) -> CompiledSpec:
+    """`spec` compiled for the given parameters; with strict=None, rules that match none of them (frozen
+    parameters left out of the optimizer, the torch idiom) are dropped with a warning naming the first."""
+    if strict is not None:
+        return compile_for(spec, shapes, sizes, strict)
+    try:
+        return compile_for(spec, shapes, sizes, True)
+    except SpecError as err:
+        if err.reason != "pattern matches no parameter of the model":
+            raise
+        names = (err.hint or "").split("; to use the spec")[0]  # bind's hint: the parameters that look similar
+        warnings.warn(f"{err.file}: the spec's rule {err.key} matches no parameter given to Symo ({names}); "
+                      "rules without parameters are dropped, and the parameters it meant to cover go to AdamW. "
+                      "If frozen parameters were left out, pass strict=False to say so and silence this; "
+                      "strict=True makes it an error", UserWarning, stacklevel=3)
+        return compile_for(spec, shapes, sizes, False)

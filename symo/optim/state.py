@@ -4,6 +4,7 @@ this optimizer keeps), and the state of several processes consolidated into one 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from .adamw import moment_dtype
 from .distributed import shard_like
 from .plan import Stage
 
@@ -24,8 +26,9 @@ def checkpoint_meta(plan: list[Stage], kind: str) -> dict[str, Any]:
 
 def own_loaded_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
     """After torch's load_state_dict: torch casts per-parameter state to the parameter's dtype (bf16
-    momentum, float64 statistics!) and keeps `step` shared with the loaded dict, so the saved dtypes are
-    restored as private copies on the parameter's device (whole tensors of a consolidated checkpoint
+    momentum, float64 statistics!) and keeps `step` shared with the loaded dict, so per-parameter moments
+    are made private copies on the parameter's device, in the dtype a fresh optimizer keeps for it
+    (moment_dtype: float32 at least) (whole tensors of a consolidated checkpoint
     become this rank's shards of a DTensor parameter); block statistics (keyed by block id, under the
     stage's key or on an anchor parameter) move to the device of their block's first parameter."""
     keys = {stage.key for stage in opt.plan}
@@ -34,8 +37,9 @@ def own_loaded_state(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> 
         for k, v in state_dict["state"].get(i, {}).items():
             if torch.is_tensor(v) and k == "step":
                 opt.state[p][k] = v.to(device=v.device, copy=True)
-            elif torch.is_tensor(v):  # a whole tensor for a sharded parameter: this rank's rows of it
-                opt.state[p][k] = shard_like(v.to(device=p.device, copy=True), p)
+            elif torch.is_tensor(v):  # in the dtype this optimizer keeps; for a sharded parameter its rows
+                dtype = moment_dtype(p.dtype) if v.is_floating_point() else v.dtype
+                opt.state[p][k] = shard_like(v.to(device=p.device, dtype=dtype, copy=True), p)
             elif k in keys and isinstance(v, dict):
                 opt.state[p][k] = {b: _owned(st, p.device) for b, st in v.items()}
     devices = {n: p.device for g in opt.param_groups for n, p in zip(g["param_names"], g["params"])}
@@ -120,3 +124,23 @@ def block_statistics(opt: Any, key: str) -> dict[str, dict[str, Any]]:
     parameters' state (with several processes: the blocks this rank owns)."""
     return {b: st for v in opt.state.values() if isinstance(v, dict) and isinstance(v.get(key), dict)
             for b, st in v[key].items()}
+
+
+def deep_copy(opt: Any, memo: dict[int, Any]) -> Any:
+    """copy.deepcopy of an optimizer: its state, groups, kind and hooks copied (with the model when both are
+    copied together, the same memo maps the parameters), its compiled spec and plan shared (they never change)."""
+    if opt.distributor is not None:
+        raise TypeError("a Symo over several processes cannot be deep-copied (its process group is not): "
+                        "save opt.state_dict() and load it into an optimizer built on the copy")
+    for shared in (opt.compiled, opt.plan, *opt.plan, *(stage.compiled for stage in opt.plan), opt.preset,
+                   opt.base_config, opt.config):  # frozen: shared, not copied
+        memo[id(shared)] = shared
+    new = opt.__class__.__new__(opt.__class__)
+    memo[id(opt)] = new
+    new.__dict__.update({k: copy.deepcopy(v, memo) for k, v in opt.__dict__.items() if k != "_compiled_step"})
+    new._compiled_step = None  # a torch.compile'd step is rebuilt on first use
+    return new
+
+
+PICKLE_REFUSAL = ("Symo cannot be pickled (its compiled spec holds generated code): save opt.state_dict() with "
+                  "torch.save and load it into a Symo built the same way; copy.deepcopy(opt) works in-process")
