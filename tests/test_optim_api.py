@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from cases import MUON, SIZES, SPECS, TANH, mlp_data, mse_loss
+from symo.compiler import parse_spec
 
 from symo.optim import Symo
 from symo.runtime.compiled import NonFiniteGradientError
@@ -309,3 +310,38 @@ def test_strict_false_preconditions_a_subset_with_the_full_spec(tmp_path: Path):
     model(torch.randn(5, 6)).pow(2).mean().backward()
     opt.step()
     assert not torch.equal(model.fc3.weight, before) and model.fc1.weight.grad is not None
+
+
+def test_groups_as_torch_users_write_them():
+    """beta1 per group under Muon's step (momentum per parameter); refused at construction under a kind that
+    debiases it over blocks; a group's weight_decay reaches its AdamW half (the nanoGPT decay / no-decay
+    pattern); OneCycleLR with cycle_momentum=False scales both halves."""
+    torch.manual_seed(0)
+    model = MLP(SIZES)
+    named = list(model.named_parameters())
+    matrices = [(n, p) for n, p in named if p.dim() == 2]
+    vectors = [(n, p) for n, p in named if p.dim() < 2]
+    x, y = (t.float() for t in mlp_data())
+    opt = Symo([{"params": matrices[:1], "beta1": 0.9}, {"params": matrices[1:], "beta1": 0.5}, {"params": vectors}],
+               MUON, lr=0.01)
+    for _ in range(2):
+        opt.zero_grad()
+        mse_loss(model, x, y).backward()
+        opt.step()
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    with pytest.raises(ValueError, match=r"different beta1 values \[0.5, 0.9\]; the eigen_adam kind divides"):
+        Symo([{"params": matrices[:1], "beta1": 0.9}, {"params": matrices[1:] + vectors, "beta1": 0.5}], MUON,
+             preset="soap")
+    middle = parse_spec('[spaces]\nr = "signed_perm"\n[params]\n"fc2.weight" = ["r", "_"]\n')  # fc1, fc3: AdamW
+    decayed = Symo([{"params": matrices, "weight_decay": 0.1}, {"params": vectors, "weight_decay": 0.0}], middle)
+    by_group = {(g["kind"], g["user_group"]): g["weight_decay"] for g in decayed.param_groups}
+    assert by_group == {("symo", 0): 0.1, ("adamw", 0): 0.1, ("adamw", 1): 0.0}
+    own = Symo([{"params": named, "weight_decay": 0.1, "adamw_wd": 0.01}], MUON)
+    assert {g["kind"]: g["weight_decay"] for g in own.param_groups} == {"symo": 0.1, "adamw": 0.01}
+    mixed = Symo([{"params": named, "weight_decay": 0.1}], MUON)
+    assert {g["kind"]: g["weight_decay"] for g in mixed.param_groups} == {"symo": 0.1, "adamw": 0.1}
+    schedule = torch.optim.lr_scheduler.OneCycleLR(mixed, max_lr=0.05, total_steps=4, cycle_momentum=False)
+    before = [g["lr"] for g in mixed.param_groups]
+    mixed.step()
+    schedule.step()
+    assert all(g["lr"] != b for g, b in zip(mixed.param_groups, before))

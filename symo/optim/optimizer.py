@@ -139,6 +139,8 @@ class Symo(torch.optim.Optimizer):
             opts = {k: g.get(k, lr if k == "lr" else getattr(cfg, k)) for k in GROUP_KEYS}
             if opts["adamw_lr"] is None and _is_number(opts["lr"]):
                 opts["adamw_lr"] = float(opts["lr"]) * adamw_per_lr
+            if "weight_decay" in g and "adamw_wd" not in g:  # a group's decay is for all of its parameters
+                opts["adamw_wd"] = opts["weight_decay"]
             return opts
 
         for gi, g in enumerate(user_groups):  # before compiling: a bad option fails fast
@@ -190,6 +192,7 @@ class Symo(torch.optim.Optimizer):
                                "betas": tuple(opts["adamw_betas"]), "eps": opts["adamw_eps"],
                                "weight_decay": opts["adamw_wd"]})
         super().__init__(groups, {"lr": lr})
+        shared_beta1([g["beta1"] for g in self.param_groups if g["kind"] == "symo"] or [0.0], self.kind)
         self._ready = True
         self.assignment: dict[str, str] = {
             n: ("symo" if n in covered else "adamw") for g in self.param_groups for n in g["param_names"]}
@@ -278,7 +281,7 @@ class Symo(torch.optim.Optimizer):
                 nesterovs.append(group["nesterov"])
         if not names:
             return
-        ctx = StepContext(self.stats_dtype, shared_beta1(betas), len(self.plan), params[0].device,
+        ctx = StepContext(self.stats_dtype, shared_beta1(betas, self.kind), len(self.plan), params[0].device,
                           statistics_only=fresh and self.kind.skips_first_step)
         targets = self.rms_targets if self.kind.update_scale == "muon" and self.config.parameter_rms else {}
         d = self.distributor

@@ -20,11 +20,13 @@ from .plan import Stage
 Tensors = dict[str, torch.Tensor]
 
 
-def shared_beta1(betas: list[float]) -> float:
-    """The covered groups' momentum, which the kinds that debias it need as one value."""
-    if any(b != betas[0] for b in betas):
-        raise ValueError(f"the covered parameter groups have different beta1 values {sorted(set(betas))}; a block "
-                         "may span several groups, so Symo needs one beta1 for all of them")
+def shared_beta1(betas: list[float], kind: Kind) -> float:
+    """The covered groups' momentum as one value, for a kind that debiases it (Kind.debiases_momentum); the other
+    kinds take beta1 per group (the momentum is per parameter)."""
+    if kind.debiases_momentum and any(b != betas[0] for b in betas):
+        raise ValueError(f"the covered parameter groups have different beta1 values {sorted(set(betas))}; the "
+                         f"{kind.name} kind divides by the momentum's bias 1 - beta1^t per block, and a block may "
+                         "span several groups, so it needs one beta1 for all of them")
     return betas[0]
 
 

@@ -77,6 +77,9 @@ class Kind:
     skips_first_step: bool = False
     """The optimizer's first step only builds this kind's statistics: no update, no weight decay, and the momentum
     starts at the second step (SOAP)."""
+    debiases_momentum: bool = False
+    """Whether this kind divides by the momentum's bias, 1 - beta1^t (Adam's step, the published step): it needs
+    one beta1 for all covered groups, since a block may span several; the other kinds take beta1 per group."""
 
     def __init__(self, config: Any, options: Callable[[], Any] | None = None) -> None:
         self.config = config  # the optimizer's SymoConfig (its `preconditioner` is this kind's config)

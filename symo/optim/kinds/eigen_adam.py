@@ -137,6 +137,7 @@ def rotate(y: torch.Tensor, left: torch.Tensor | None, right: torch.Tensor | Non
 class EigenAdam(Kind):
     name = "eigen_adam"
     update_scales = ("natural", "adamw")
+    debiases_momentum = True
 
     @property
     def carried(self) -> tuple[str, ...]:  # type: ignore[override]

@@ -130,6 +130,7 @@ class Published(Kind):
     name = "published"
     needs_weights = True
     update_scales = ("natural", "adamw")
+    debiases_momentum = True
 
     def __init__(self, config, options=None) -> None:
         super().__init__(config, options)

@@ -95,6 +95,10 @@ class ThenOrthogonalize(Kind):
     def skips_first_step(self) -> bool:  # type: ignore[override]
         return self.inner.skips_first_step
 
+    @property
+    def debiases_momentum(self) -> bool:  # type: ignore[override]
+        return self.inner.debiases_momentum
+
     def after_step(self, stage: int, blocks: list[BlockStep], ctx: StepContext) -> None:
         self.inner.after_step(stage, blocks, ctx)
 
