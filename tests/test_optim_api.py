@@ -14,6 +14,7 @@ import torch
 from cases import MUON, SIZES, SPECS, TANH, mlp_data, mse_loss
 from symo.compiler import parse_spec
 
+import symo
 from symo.optim import Symo
 from symo.runtime.compiled import NonFiniteGradientError
 from symo.train.models import MLP
@@ -151,6 +152,14 @@ def test_parameter_list_errors():
         Symo([{"params": named}, {"params": named[:1]}], MUON)
     with pytest.raises(ValueError, match="unknown param-group option"):
         Symo([{"params": named, "estimator": "taylor"}], MUON)
+    with pytest.raises(ValueError, match=r"parameters 'fc1.weight' and 'tied.weight' are one tensor \(tied"):
+        Symo(named + [("tied.weight", named[0][1])], MUON)
+    with pytest.raises(symo.SpecError, match=r"(?s)every parameter name starts with '_orig_mod.'.*model._orig_mod"
+                                             r".named_parameters\(\)"):
+        Symo([(f"_orig_mod.{n}", p) for n, p in named], MUON)  # torch.compile's wrapper's names
+    compiled = Symo(torch.compile(model), MUON)  # the wrapper is unwrapped: the model's own names, same tensors
+    assert compiled.param_groups[0]["param_names"] == ["fc1.weight", "fc2.weight", "fc3.weight"]
+    assert compiled.param_groups[0]["params"][0] is model.fc1.weight
     # a {name: param} dict, and groups holding dicts, are named parameters too
     opt = Symo(dict(named), MUON, lr=0.3)
     assert opt.param_groups[0]["param_names"] == ["fc1.weight", "fc2.weight", "fc3.weight"]

@@ -277,7 +277,7 @@ def normalise_groups(params: NamedParams) -> list[dict[str, Any]]:
     if not params:
         raise ValueError("Symo got an empty parameter list")
     groups = params if isinstance(params[0], dict) else [{"params": params}]
-    out, seen = [], set()
+    out, seen, tensors = [], set(), {}
     for g in groups:
         if not isinstance(g, dict):
             raise TypeError("mix of param-group dicts and (name, param) pairs")
@@ -298,6 +298,11 @@ def normalise_groups(params: NamedParams) -> list[dict[str, Any]]:
                                 "with 'params': [(name, param), ...]")
             if item[0] in seen:
                 raise ValueError(f"parameter {item[0]!r} given twice")
+            if id(item[1]) in tensors:  # tied weights named twice (named_parameters(remove_duplicate=False))
+                raise ValueError(f"parameters {tensors[id(item[1])]!r} and {item[0]!r} are one tensor (tied weights); "
+                                 "give it once, e.g. model.named_parameters() as it is (it names a tied tensor "
+                                 "once), or it would be stepped twice")
             seen.add(item[0])
+            tensors[id(item[1])] = item[0]
         out.append({**g, "params": items})
     return out

@@ -119,6 +119,8 @@ class Symo(torch.optim.Optimizer):
         if sizes is not None and not isinstance(sizes, dict):
             raise TypeError(f"sizes must be a dict {{space: int}}, got {type(sizes).__name__}")
         module = params if isinstance(params, nn.Module) else None
+        if module is not None and isinstance(getattr(module, "_orig_mod", None), nn.Module):
+            module = module._orig_mod  # torch.compile's wrapper: the same parameters, named as the model names them
         if spec is None and module is None:
             raise TypeError("spec is missing: pass one (a bundled name such as 'gpt_muon', a path, a Spec or a "
                             "CompiledSpec), or pass the nn.Module itself, symo.Symo(model, ...), to use the "

@@ -98,10 +98,29 @@ def stack_blocks(batch_blocks: bool | str, device: torch.device) -> bool:
     return device.type != "cpu" if batch_blocks == "auto" else bool(batch_blocks)
 
 
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile's OptimizedModule, DistributedDataParallel
+
+
 def compile_subset(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None,
                    strict: bool | None) -> CompiledSpec:
     """`spec` compiled for the given parameters; with strict=None, rules that match none of them (frozen
-    parameters left out of the optimizer, the torch idiom) are dropped with a warning naming the first."""
+    parameters left out of the optimizer, the torch idiom) are dropped with a warning naming the first. Names
+    that all carry a wrapper's prefix and match no rule get an error that says how to unwrap."""
+    try:
+        return _compile_subset(spec, shapes, sizes, strict)
+    except SpecError as err:
+        wrapped = [p for p in WRAPPER_PREFIXES if shapes and all(n.startswith(p) for n in shapes)]
+        if not wrapped or "no rule of the spec matches" not in err.reason and "matches no parameter" not in err.reason:
+            raise
+        raise SpecError(f"every parameter name starts with {wrapped[0]!r}, a wrapper's prefix, and no rule of the "
+                        "spec matches them", file=err.file, key="params",
+                        hint="pass the model itself, symo.Symo(model, ...) (a torch.compile'd module is unwrapped), "
+                        f"or the wrapped model's parameters: model.{wrapped[0].rstrip('.')}.named_parameters()"
+                        ) from None
+
+
+def _compile_subset(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[str, int] | None,
+                    strict: bool | None) -> CompiledSpec:
     if strict is not None:
         return compile_for(spec, shapes, sizes, strict)
     try:
@@ -113,5 +132,5 @@ def compile_subset(spec: Any, shapes: dict[str, tuple[int, ...]], sizes: dict[st
         warnings.warn(f"{err.file}: the spec's rule {err.key} matches no parameter given to Symo ({names}); "
                       "rules without parameters are dropped, and the parameters it meant to cover go to AdamW. "
                       "If frozen parameters were left out, pass strict=False to say so and silence this; "
-                      "strict=True makes it an error", UserWarning, stacklevel=3)
+                      "strict=True makes it an error", UserWarning, stacklevel=4)
         return compile_for(spec, shapes, sizes, False)
