@@ -97,6 +97,21 @@ def test_loaded_moments_take_the_dtype_a_fresh_optimizer_keeps():
         assert moments and set(moments.values()) == {kept}, (dtype, moments)
 
 
+def test_a_model_that_changes_dtype_takes_its_moments_along():
+    """model.double() after some steps: the next step keeps momentum and AdamW moments in float64, as a fresh
+    float64 optimizer would, instead of stepping float64 weights with float32 moments."""
+    torch.manual_seed(0)
+    model = MLP(SIZES)
+    opt = trained(model, MUON)
+    model.double()
+    x, y = (t.double() for t in mlp_data())
+    opt.zero_grad()
+    mse_loss(model, x, y).backward()
+    opt.step()
+    moments = {k: v.dtype for p in model.parameters() for k, v in opt.state[p].items() if k != "step"}
+    assert moments and set(moments.values()) == {torch.float64}, moments
+
+
 @pytest.mark.parametrize("preset", [None, "soap_muon"])
 def test_deepcopy_gives_an_optimizer_that_steps_as_the_original_and_pickling_says_what_to_do(preset):
     """copy.deepcopy((model, opt)): the copy steps bit for bit as the original from there on; pickling is refused

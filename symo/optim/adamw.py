@@ -26,11 +26,13 @@ def adamw_step(group: dict[str, Any], state: dict[torch.Tensor, dict[str, Any]],
         if p.grad is None:
             continue
         st = state[p]
+        dt = moment_dtype(p.dtype)
         if "step" not in st:
-            dt = moment_dtype(p.dtype)
             st["step"] = torch.zeros((), dtype=torch.float32)
             st["exp_avg"] = torch.zeros_like(p, dtype=dt)
             st["exp_avg_sq"] = torch.zeros_like(p, dtype=dt)
+        elif st["exp_avg"].dtype != dt:  # the model changed dtype since (model.double()): its moments follow
+            st["exp_avg"], st["exp_avg_sq"] = st["exp_avg"].to(dt), st["exp_avg_sq"].to(dt)
         st["step"] += 1
         t = float(st["step"])
         w, exp_avg, exp_avg_sq = local(p), local(st["exp_avg"]), local(st["exp_avg_sq"])

@@ -271,6 +271,8 @@ class Symo(torch.optim.Optimizer):
                 st = self.state[p]
                 fresh = fresh and "momentum_buffer" not in st
                 buf = st.get("momentum_buffer")
+                if buf is not None and buf.dtype != moment_dtype(p.dtype):  # the model changed dtype since
+                    buf = st["momentum_buffer"] = buf.to(moment_dtype(p.dtype))
                 if buf is None:  # kept aside until the step commits, so a step that raises leaves it fresh
                     buf = torch.zeros_like(p, dtype=moment_dtype(p.dtype))
                     if self.distributor is not None:  # a shard written in place at the commit
