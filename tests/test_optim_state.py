@@ -97,6 +97,17 @@ def test_loaded_moments_take_the_dtype_a_fresh_optimizer_keeps():
         assert moments and set(moments.values()) == {kept}, (dtype, moments)
 
 
+def test_describe_shows_the_groups_beta1_after_a_load():
+    """torch's load_state_dict takes the checkpoint's group values: describe() shows what the groups hold."""
+    torch.manual_seed(0)
+    saved = trained(MLP(SIZES), MUON, beta1=0.5).state_dict()
+    model = MLP(SIZES)
+    opt = Symo(model.named_parameters(), MUON, lr=0.01)
+    assert "beta1=0.95 " in opt.describe()
+    opt.load_state_dict(saved)
+    assert "beta1=0.5 " in opt.describe()
+
+
 def test_a_model_that_changes_dtype_takes_its_moments_along():
     """model.double() after some steps: the next step keeps momentum and AdamW moments in float64, as a fresh
     float64 optimizer would, instead of stepping float64 weights with float32 moments."""

@@ -33,7 +33,8 @@ def describe(opt: Symo) -> str:
              + (f" # {stages[1].compiled.name!r}" if len(stages) > 1 else "")
              + f", {len(adam)} to AdamW",
              f"  preconditioner {cfg.kind!r}: {kind_options}",
-             f"  beta1={cfg.beta1} nesterov={cfg.nesterov} update_scale={cfg.update_scale}"
+             f"  beta1={_group_values(opt, 'beta1')} nesterov={_group_values(opt, 'nesterov')} "
+             f"update_scale={cfg.update_scale}"
              + ("" if cfg.neuron_norm_beta2 is None else f" neuron_norm_beta2={cfg.neuron_norm_beta2} (NorMuon's rows)")
              + ("" if not opt.kind.stateful else f" statistics={str(opt.stats_dtype).removeprefix('torch.')}"),
              "  " + preset_line(opt)]
@@ -127,3 +128,10 @@ def memory_report(opt: Symo) -> dict[str, int]:
         "adamw": 2 * sum(numel.values()),
         "shampoo": sum(sum(d * d for d in shapes[n]) for n in covered) + adamw_part,
     }
+
+
+def _group_values(opt: Symo, key: str) -> str:
+    """A per-group option as the covered groups hold it now (a loaded checkpoint's or a schedule's value, not the
+    constructor's): one value, or each group's."""
+    values = [g[key] for g in opt.param_groups if g["kind"] == "symo"] or [getattr(opt.config, key)]
+    return str(values[0]) if all(v == values[0] for v in values) else "/".join(str(v) for v in values)
