@@ -170,20 +170,34 @@ def _instantiate_axes(spec: Spec, matched: dict, shapes: Mapping) -> tuple[dict,
     families = [(d, NamePattern(d.name, spec.source, f"spaces.{d.name}")) for d in spec.spaces if "{" in d.name]
     resolved: dict[str, tuple[SpaceDecl, dict]] = {}
 
-    def resolve(space: str, key: str, param: str, axis: int, owner_of: str | None = None) -> None:
+    def declaration(space: str, written: str, key: str, param: str, axis: int) -> tuple[SpaceDecl, dict]:
+        """The declaration of instance `space`, which the spec wrote as `written` (a family's name when it
+        has a {capture}): that family, so that families whose instances overlap ("mlp{i}" and "mlp_gate{i}")
+        keep their own groups; a name written literally must match one family only."""
+        if space in decls:
+            return decls[space], {}
+        candidates = [(d, m.captures) for d, pattern in families if (m := pattern.fullmatch(space))]
+        chosen = [c for c in candidates if c[0].name == written] or candidates
+        if len(chosen) > 1:
+            raise SpecError(f"space {short(space)!r} is an instance of several families: "
+                            f"{few(d.name for d, _ in chosen)}", file=spec.source, key=key, param=param, axis=axis,
+                            hint="write the family's own name in the rule, or rename the families so that their "
+                                 "instances cannot coincide")
+        if not chosen:
+            raise SpecError(f"space {short(space)!r} is not declared", file=spec.source, key=key,
+                            param=param, axis=axis, hint=f"declare it under [spaces] (declared: {few(decls)})")
+        return chosen[0]
+
+    def resolve(space: str, key: str, param: str, axis: int, owner_of: str | None = None,
+                written: str | None = None) -> None:
+        found = declaration(space, space if written is None else written, key, param, axis)
+        if space in resolved and resolved[space][0] is not found[0]:
+            raise SpecError(f"space {short(space)!r} is written as an instance of both {resolved[space][0].name!r} "
+                            f"and {found[0].name!r}", file=spec.source, key=key, param=param, axis=axis,
+                            hint="rename one of the families so that their instances cannot coincide")
         if space in resolved and owner_of is None:
             return
-        if space in decls:
-            resolved[space] = (decls[space], {})
-        else:
-            for d, pattern in families:
-                if m := pattern.fullmatch(space):
-                    resolved[space] = (d, m.captures)
-                    break
-            else:
-                raise SpecError(f"space {short(space)!r} is not declared", file=spec.source, key=key,
-                                param=param, axis=axis,
-                                hint=f"declare it under [spaces] (declared: {few(decls)})")
+        resolved[space] = found
         d, caps = resolved[space]
         if d.per is not None and owner_of is not None:  # checked here, so a per chain never recurses
             raise _nested_per(space, owner_of, spec.source, key)
@@ -192,7 +206,7 @@ def _instantiate_axes(spec: Spec, matched: dict, shapes: Mapping) -> tuple[dict,
             if owner == space:
                 raise SpecError(f"space {space!r} is declared per itself", file=spec.source,
                                 key=f"spaces.{d.name}.per", hint="per must name a different space (the head index)")
-            resolve(owner, f"spaces.{d.name}.per", param, axis, owner_of=space)
+            resolve(owner, f"spaces.{d.name}.per", param, axis, owner_of=space, written=d.per)
 
     concrete: dict[str, list[list[tuple[str, ...]]]] = {}
     for name, (rule, caps) in matched.items():
@@ -206,9 +220,9 @@ def _instantiate_axes(spec: Spec, matched: dict, shapes: Mapping) -> tuple[dict,
             out = []
             for seg in segs:
                 atoms = tuple(substitute(x, caps, spec.source, key, name, a) for x in seg)
-                for x in atoms:
+                for x, written in zip(atoms, seg):
                     if x != FREE:
-                        resolve(x, key, name, a)
+                        resolve(x, key, name, a, written=written)
                 out.append(atoms)
             axes.append(out)
         concrete[name] = axes

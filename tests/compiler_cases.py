@@ -188,6 +188,22 @@ CAPTURES = Case(
                            ("proj", (g, h), [f"g{i}", f"h{i}"])]),
 )
 
+OVERLAPPING = Case(
+    "families-whose-instances-overlap",
+    # "mlp{i}" also matches "mlp_gate0" (i = "_gate0"): each rule's space must keep the family the rule wrote
+    """
+[spaces]
+"mlp{i}" = { group = "perm" }
+"mlp_gate{i}" = { group = "signed_perm" }
+[params]
+"h.{i}.fc" = ["mlp{i}", "_"]
+"h.{i}.gate" = ["mlp_gate{i}", "_"]
+""",
+    (("h.0.fc", (3, 2)), ("h.0.gate", (3, 2))),
+    (("mlp0", ("perm", 3, None)), ("mlp_gate0", ("signed_perm", 3, None))),
+    (("h.0.fc", (3, 2), ["mlp0", "_"]), ("h.0.gate", (3, 2), ["mlp_gate0", "_"])),
+)
+
 PER_CAPTURES = Case(
     "per-families-over-layers",
     """
@@ -227,7 +243,7 @@ CASES = [
     mlp_case("perm", 2), mlp_case("perm", 1), mlp_case("orthogonal", 1),
     h2h_case("perm", 3, "signed_perm", 2), h2h_case("signed_perm", 2, "orthogonal", 3),
     h2h_case("orthogonal", 2, "perm", 3), h2h_case("perm", 3, "perm", 3), h2h_case("identity", 2, "perm", 3),
-    S3xS3, PER_HEAD, FUSED, CAPTURES, PER_CAPTURES, REVERSED,
+    S3xS3, PER_HEAD, FUSED, CAPTURES, OVERLAPPING, PER_CAPTURES, REVERSED,
 ]
 CASE_IDS = [c.id for c in CASES]
 _STATE: dict[str, tuple] = {}

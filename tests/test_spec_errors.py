@@ -208,3 +208,11 @@ def test_misspelt_keys_groups_and_bundled_names_are_told_the_nearest() -> None:
     with pytest.raises(compiler.SpecError) as err:
         compiler.parse_spec('[spaces]\nh = { group = "lie" }\n')
     assert "did you mean" not in str(err.value)
+
+
+def test_a_space_written_literally_that_two_families_name_is_refused() -> None:
+    text = ('[spaces]\n"mlp{i}" = "perm"\n"mlp_gate{i}" = "signed_perm"\n[params]\n'
+            '"h.{i}.gate" = ["mlp_gate0", "_"]\n')
+    with pytest.raises(compiler.SpecError, match=r"space 'mlp_gate0' is an instance of several families: "
+                                                 r"\['mlp\{i\}', 'mlp_gate\{i\}'\]"):
+        compiler.bind(compiler.parse_spec(text), {"h.0.gate": (3, 2)})
