@@ -74,6 +74,8 @@ ERROR_CASES = {
     "model-empty-module": (lambda t: ["params", "--model", ":f"], 1, "--model ':f'"),
     "size-superscript": (lambda t: ["compile", "gpt", "--model", "symo.train.models:mlp_tanh", "--size", "h=1²"], 2,
                          "--size"),
+    "size-twice": (lambda t: ["compile", "gpt", "--model", "symo.train.models:gpt_small", "--size", "head{i}=2",
+                              "--size", "head{i}=4"], 2, "--size gives 'head{i}' twice, 2 and 4"),
     "train-lr": (lambda t: ["train", "--lr", "-1"], 2, "--lr must be a positive number"),
     "train-device": (lambda t: ["train", "--device", "nonsense"], 2, "--device nonsense"),
     "equivariance-lr": (lambda t: ["equivariance", "sgd", "--lr", "-1"], 2, "--lr must be a positive number"),

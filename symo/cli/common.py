@@ -91,6 +91,8 @@ def _parse_sizes(items: list[str]) -> dict[str, int]:
         name, _, value = item.partition("=")
         if not (value.isascii() and value.isdigit()):  # "1²".isdigit() is True, int("1²") fails
             raise CommandError(f"--size expects space=N (e.g. head{{i}}=4), got {_short(item)!r}", 2)
+        if name in sizes and sizes[name] != int(value):
+            raise CommandError(f"--size gives {_short(name)!r} twice, {sizes[name]} and {value}; give it once", 2)
         sizes[name] = int(value)
     return sizes
 
