@@ -23,8 +23,7 @@ FROBENIUS_MAX = 4000
 
 
 def _dot(a: Tensors, b: Tensors) -> torch.Tensor:
-    # a metric, no graph: Hessian products on a subset carry one through the model's other parameters
-    return sum((a[n].detach().double() * b[n].detach().double()).sum() for n in a)
+    return sum((a[n].double() * b[n].double()).sum() for n in a)
 
 
 def _cos(a: Tensors, b: Tensors) -> float:
@@ -145,7 +144,7 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
     if hessian is not None and hessian.shape != (total, total):
         raise ValueError(f"hessian has shape {tuple(hessian.shape)}; expected ({total}, {total}) for these params")
     if hessian is not None:
-        hessian = hessian.detach()  # on a subset it carries a graph through the model's other parameters
+        hessian = hessian.detach()  # a metric: no graph, whatever the caller's H carries
 
     def true_mv(v: Tensors) -> dict[str, torch.Tensor]:
         if hessian is not None:
@@ -159,7 +158,7 @@ def compare(estimate: Any, loss_fn: LossFn, params: Tensors, damping: float = 1e
         if missing:
             raise ValueError(f"the estimate does not cover parameters {missing}; compare only what it covers "
                              "(pass a params dict restricted to its parameters)")
-        return {n: out[n].detach().double() for n in names}  # an estimate from live parameters: no graph here
+        return {n: out[n].detach().double() for n in names}  # an estimate built from live parameters: no graph
 
     neg_g = {n: -t for n, t in g.items()}
     result: dict[str, float | None] = {"cos_neg_grad": _cos(est_mv(neg_g), true_mv(neg_g))}

@@ -82,13 +82,13 @@ def hvp(loss_fn: LossFn, params: Tensors, v: Tensors) -> dict[str, torch.Tensor]
     tangent = {n: v[n].to(p[n].dtype) for n in p}
     with second_order_attention():
         _, out = torch.func.jvp(torch.func.grad(loss_fn), (p,), (tangent,))
-    return out
+    return {n: t.detach() for n, t in out.items()}  # numbers, though a live model's other parameters keep a graph
 
 
 def gradient(loss_fn: LossFn, params: Tensors) -> dict[str, torch.Tensor]:
     """The gradient of `loss_fn` at `params` (float64)."""
     with _float64_hint():
-        return torch.func.grad(loss_fn)(_detached(params))
+        return {n: t.detach() for n, t in torch.func.grad(loss_fn)(_detached(params)).items()}
 
 
 def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tensor:
@@ -110,7 +110,7 @@ def dense(loss_fn: LossFn, params: Tensors, chunk_size: int = 256) -> torch.Tens
 
     eye = torch.eye(total, dtype=torch.float64)
     with second_order_attention(), _float64_hint():
-        h = torch.func.vmap(column, chunk_size=chunk_size)(eye)
+        h = torch.func.vmap(column, chunk_size=chunk_size)(eye).detach()
     return (h + h.T) / 2
 
 
